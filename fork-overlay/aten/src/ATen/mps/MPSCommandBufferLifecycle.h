@@ -1,0 +1,306 @@
+//  Copyright © 2026 Apple Inc.
+#pragma once
+
+// Portable command-buffer state machine of an MPS stream. MPSStream drives it
+// with Metal operations; the harness drives it with the simulated runtime.
+
+#include <ATen/mps/MPSStreamPool.h>
+#include <ATen/mps/MPSThreadAnnotations.h>
+#include <c10/macros/Export.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace at::mps {
+
+enum class SyncType {
+  NONE, // no commit to command buffer
+  COMMIT, // commit and flush the command buffer
+  COMMIT_AND_WAIT, // flush and wait for command buffer execution to finish
+  COMMIT_AND_CONTINUE, // commit and continue with a new underlying command
+                       // buffer
+  COMMIT_ADAPTIVE, // commit adaptively based on available memory
+};
+
+struct CompletionStatus {
+  bool ok = true;
+  std::string error; // set when !ok
+};
+using CompletionHandler = std::function<void(const CompletionStatus&)>;
+
+constexpr const char* kCommitAndContinueEnvVar =
+    "MPS_ENABLE_COMMIT_AND_CONTINUE";
+
+// Whether the stream in `index` uses commitAndContinue: on for the default
+// stream, off for worker streams, overridden by `env_value` ("0" or "1";
+// nullptr or "" means unset, anything else throws naming the variable), and
+// always off when `profiler_needs_plain_commits` (signpost tracing or
+// capture, which need one command buffer per commit).
+TORCH_API bool resolveCommitAndContinue(
+    StreamIndex index,
+    const char* env_value,
+    bool profiler_needs_plain_commits);
+
+// Note [MPS command buffer lifecycle]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A stream has at most one open command buffer and, inside it, at most one
+// open compute encoder, both created lazily. All transitions happen under the
+// stream's `mu_`, so concurrent callers can never commit a buffer twice,
+// encode into a committed buffer, or end an encoder another call just made.
+// Code that *uses* the returned buffer or encoder across several calls must
+// run inside the stream's serial section (dispatch_sync on MPSStream::queue()
+// in PyTorch), which is where every MPS op already encodes.
+//
+// Each commit point (a plain commit or a commitAndContinue of a buffer that
+// exists) gets the next value of the stream's timeline, and a completion
+// handler registered *before* the commit reports that value back. The
+// timeline's completed value is the largest n such that commit points 1..n
+// have all completed, so it stays correct if the driver completes buffers
+// out of order. Waiting (COMMIT_AND_WAIT) waits for a timeline value, never
+// on a buffer object, which avoids waiting on the uncommitted root that
+// commitAndContinue leaves behind, and never holds `mu_` while it waits, so a
+// completion handler that needs this stream cannot deadlock against a waiter.
+//
+// addCompletedHandler(h) runs h once all work submitted to the stream so far
+// has completed: it joins the open buffer if there is one (the buffer that
+// carries that work), otherwise it waits for the last commit point, and runs
+// at once if that has already completed. It never creates an empty buffer.
+//
+// Ops must provide:
+//   using Queue; using Buffer; using Encoder;   (copyable handles)
+//   Buffer makeBuffer(const Queue&);            new buffer, owned by caller
+//   Encoder makeComputeEncoder(Buffer);         new encoder, owned by caller
+//   void endEncoding(Encoder);                  ends and releases it
+//   void commit(Buffer);
+//   void commitAndContinue(Buffer);             commits the root, stays open
+//   void addCompletedHandler(Buffer, CompletionHandler);  on the open root
+//   void release(Buffer);
+//   bool lowWatermarkReached();                 for COMMIT_ADAPTIVE
+template <typename Ops>
+class CommandBufferLifecycle {
+ public:
+  using Queue = typename Ops::Queue;
+  using Buffer = typename Ops::Buffer;
+  using Encoder = typename Ops::Encoder;
+
+  CommandBufferLifecycle(Ops ops, Queue queue, bool commit_and_continue)
+      : ops_(std::move(ops)),
+        queue_(std::move(queue)),
+        commit_and_continue_(commit_and_continue) {}
+
+  // Commits what is left and waits for every commit point, so no completion
+  // handler can outlive the object.
+  ~CommandBufferLifecycle() {
+    synchronize(SyncType::COMMIT_AND_WAIT);
+  }
+  CommandBufferLifecycle(const CommandBufferLifecycle&) = delete;
+  CommandBufferLifecycle& operator=(const CommandBufferLifecycle&) = delete;
+
+  Buffer commandBuffer() MPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return openBuffer();
+  }
+
+  Encoder commandEncoder() MPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    if (!has_encoder_) {
+      encoder_ = ops_.makeComputeEncoder(openBuffer());
+      has_encoder_ = true;
+    }
+    return encoder_;
+  }
+
+  void endKernelCoalescing() MPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    endEncoder();
+  }
+
+  void synchronize(SyncType sync_type) MPS_EXCLUDES(mu_, timeline_mu_) {
+    uint64_t wait_for = 0;
+    {
+      MutexLock lock(mu_);
+      endEncoder();
+      switch (sync_type) {
+        case SyncType::NONE:
+          return;
+        case SyncType::COMMIT_ADAPTIVE:
+          if (!ops_.lowWatermarkReached()) {
+            return;
+          }
+          commitOpen(commit_and_continue_);
+          return;
+        case SyncType::COMMIT:
+          commitOpen(commit_and_continue_);
+          return;
+        case SyncType::COMMIT_AND_CONTINUE:
+          TORCH_INTERNAL_ASSERT(
+              commit_and_continue_,
+              "COMMIT_AND_CONTINUE requested on a stream that has "
+              "commitAndContinue disabled");
+          commitOpen(/*keep_open=*/true);
+          return;
+        case SyncType::COMMIT_AND_WAIT:
+          // A plain commit: waiting must never target the uncommitted root
+          // that commitAndContinue would leave open.
+          commitOpen(/*keep_open=*/false);
+          wait_for = lastCommitPoint();
+          break;
+      }
+    }
+    waitForCommitPoint(wait_for);
+  }
+
+  void addCompletedHandler(CompletionHandler handler)
+      MPS_EXCLUDES(mu_, timeline_mu_) {
+    {
+      MutexLock lock(mu_);
+      if (has_buffer_) {
+        ops_.addCompletedHandler(buffer_, std::move(handler));
+        return;
+      }
+      MutexLock tl(timeline_mu_);
+      if (completed_ < committed_) {
+        deferred_[committed_].push_back(std::move(handler));
+        return;
+      }
+    }
+    handler(CompletionStatus{}); // everything submitted has completed
+  }
+
+  bool commitAndContinueEnabled() const {
+    return commit_and_continue_;
+  }
+
+  // Timeline values; see Note [MPS command buffer lifecycle].
+  uint64_t lastCommitPoint() const MPS_EXCLUDES(timeline_mu_) {
+    MutexLock tl(timeline_mu_);
+    return committed_;
+  }
+  uint64_t completedCommitPoint() const MPS_EXCLUDES(timeline_mu_) {
+    MutexLock tl(timeline_mu_);
+    return completed_;
+  }
+
+  // Blocks until commit point `value` has completed. Throws if a command
+  // buffer up to `value` failed and no earlier wait reported it.
+  void waitForCommitPoint(uint64_t value) MPS_EXCLUDES(timeline_mu_) {
+    MutexLock tl(timeline_mu_);
+    completed_cv_.wait(timeline_mu_, [&]() MPS_REQUIRES(timeline_mu_) {
+      return completed_ >= value;
+    });
+    if (!errors_.empty() && errors_.begin()->first <= value) {
+      std::string message = errors_.begin()->second;
+      errors_.erase(errors_.begin(), errors_.upper_bound(value));
+      TORCH_CHECK(false, "MPS command buffer execution failed: ", message);
+    }
+  }
+
+  const Queue& queue() const {
+    return queue_;
+  }
+  Ops& ops() {
+    return ops_;
+  }
+
+ private:
+  Buffer openBuffer() MPS_REQUIRES(mu_) {
+    if (!has_buffer_) {
+      buffer_ = ops_.makeBuffer(queue_);
+      has_buffer_ = true;
+    }
+    return buffer_;
+  }
+
+  void endEncoder() MPS_REQUIRES(mu_) {
+    if (has_encoder_) {
+      ops_.endEncoding(encoder_);
+      has_encoder_ = false;
+    }
+  }
+
+  // Commits the open buffer, if any, as the next commit point.
+  void commitOpen(bool keep_open) MPS_REQUIRES(mu_) MPS_EXCLUDES(timeline_mu_) {
+    if (!has_buffer_) {
+      return;
+    }
+    uint64_t point = 0;
+    {
+      MutexLock tl(timeline_mu_);
+      point = ++committed_;
+    }
+    ops_.addCompletedHandler(
+        buffer_, [this, point](const CompletionStatus& status) {
+          markCompleted(point, status);
+        });
+    if (keep_open) {
+      ops_.commitAndContinue(buffer_);
+    } else {
+      ops_.commit(buffer_);
+      ops_.release(buffer_);
+      has_buffer_ = false;
+    }
+  }
+
+  void markCompleted(uint64_t point, const CompletionStatus& status)
+      MPS_EXCLUDES(timeline_mu_) {
+    std::vector<std::pair<CompletionHandler, CompletionStatus>> ready;
+    {
+      MutexLock tl(timeline_mu_);
+      if (!status.ok) {
+        errors_.emplace(point, status.error);
+      }
+      done_out_of_order_.insert(point);
+      while (!done_out_of_order_.empty() &&
+             *done_out_of_order_.begin() == completed_ + 1) {
+        done_out_of_order_.erase(done_out_of_order_.begin());
+        ++completed_;
+      }
+      auto end = deferred_.upper_bound(completed_);
+      for (auto it = deferred_.begin(); it != end; ++it) {
+        // A deferred handler covers every commit point up to its key.
+        CompletionStatus covered;
+        if (!errors_.empty() && errors_.begin()->first <= it->first) {
+          covered = CompletionStatus{false, errors_.begin()->second};
+        }
+        for (auto& h : it->second) {
+          ready.emplace_back(std::move(h), covered);
+        }
+      }
+      deferred_.erase(deferred_.begin(), end);
+    }
+    completed_cv_.notifyAll();
+    for (auto& [handler, covered] : ready) {
+      handler(covered);
+    }
+  }
+
+  Ops ops_;
+  const Queue queue_;
+  const bool commit_and_continue_;
+
+  // Lock order: mu_ before timeline_mu_. Completion handlers take only
+  // timeline_mu_.
+  Mutex mu_ MPS_ACQUIRED_BEFORE(timeline_mu_);
+  bool has_buffer_ MPS_GUARDED_BY(mu_) = false;
+  Buffer buffer_ MPS_GUARDED_BY(mu_){};
+  bool has_encoder_ MPS_GUARDED_BY(mu_) = false;
+  Encoder encoder_ MPS_GUARDED_BY(mu_){};
+
+  mutable Mutex timeline_mu_;
+  CondVar completed_cv_;
+  uint64_t committed_ MPS_GUARDED_BY(timeline_mu_) = 0;
+  uint64_t completed_ MPS_GUARDED_BY(timeline_mu_) = 0;
+  std::set<uint64_t> done_out_of_order_ MPS_GUARDED_BY(timeline_mu_);
+  std::map<uint64_t, std::vector<CompletionHandler>> deferred_
+      MPS_GUARDED_BY(timeline_mu_);
+  // Failed commit points not yet reported by a wait.
+  std::map<uint64_t, std::string> errors_ MPS_GUARDED_BY(timeline_mu_);
+};
+
+} // namespace at::mps

@@ -1,0 +1,330 @@
+//  Copyright © 2026 Apple Inc.
+
+#include <ATen/mps/MPSStreamPool.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <unordered_map>
+
+#include <pthread.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
+
+namespace at::mps {
+
+int64_t streamIdFromIndex(StreamIndex index) {
+  TORCH_CHECK(
+      index >= 0 && index < kStreamsPerPool,
+      "MPS stream index out of range: index=",
+      index,
+      ", expected 0 <= index < ",
+      kStreamsPerPool);
+  return static_cast<int64_t>(index);
+}
+
+StreamIndex streamIndexFromId(int64_t stream_id) {
+  TORCH_CHECK(
+      stream_id >= 0 && stream_id < kStreamsPerPool,
+      "Invalid MPS stream id: stream_id=",
+      stream_id,
+      "; MPS stream ids are pool slot indices 0..",
+      kStreamsPerPool - 1,
+      " (see Note [MPS stream ids]). Was this c10::Stream made for another "
+      "device type?");
+  return static_cast<StreamIndex>(stream_id);
+}
+
+ExhaustionConfig parseExhaustionConfig(const char* value) {
+  if (value == nullptr || *value == '\0') {
+    return {ExhaustionPolicy::kShare, std::chrono::milliseconds(0)};
+  }
+  const char* p = value;
+  if (*p == '-') {
+    ++p;
+  }
+  const bool digits_only = *p != '\0' &&
+      std::all_of(
+          p, p + std::strlen(p), [](char c) { return c >= '0' && c <= '9'; });
+  errno = 0;
+  char* end = nullptr;
+  const long long parsed = digits_only ? std::strtoll(value, &end, 10) : 0;
+  TORCH_CHECK(
+      digits_only && errno == 0 && parsed >= -1 &&
+          parsed <= std::numeric_limits<int32_t>::max(),
+      kWaitTimeoutEnvVar,
+      "='",
+      value,
+      "' is not valid. Accepted values: unset (share worker streams "
+      "round-robin when all are leased), 0 (raise an error at once), -1 "
+      "(wait until a stream is released), or a positive number of "
+      "milliseconds to wait before raising an error (at most ",
+      std::numeric_limits<int32_t>::max(),
+      ").");
+  if (parsed == 0) {
+    return {ExhaustionPolicy::kThrow, std::chrono::milliseconds(0)};
+  }
+  if (parsed == -1) {
+    return {ExhaustionPolicy::kWait, std::chrono::milliseconds(0)};
+  }
+  return {ExhaustionPolicy::kWaitTimeout, std::chrono::milliseconds(parsed)};
+}
+
+StreamPoolOptions StreamPoolOptions::fromEnvironment() {
+  StreamPoolOptions options;
+  options.exhaustion = parseExhaustionConfig(std::getenv(kWaitTimeoutEnvVar));
+  return options;
+}
+
+bool isProcessMainThread() {
+#if defined(__APPLE__)
+  return pthread_main_np() != 0;
+#elif defined(__linux__)
+  return static_cast<pid_t>(syscall(SYS_gettid)) == getpid();
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+// Process-wide table of live pools, keyed by id. Leaked on purpose: thread
+// exit handlers consult it and may run during or after static destruction.
+struct PoolRegistry {
+  Mutex mu;
+  std::unordered_map<uint64_t, StreamSlotPool*> pools MPS_GUARDED_BY(mu);
+  uint64_t next_id MPS_GUARDED_BY(mu) = 1;
+};
+
+PoolRegistry& registry() {
+  static auto* instance = new PoolRegistry();
+  return *instance;
+}
+
+} // namespace
+
+std::atomic<uint64_t> StreamSlotPool::fork_generation_counter_{0};
+
+// Bumping the generation poisons every pool made before the fork: Metal
+// objects do not survive fork(). Pools made in the child still work.
+void StreamSlotPool::onForkChild() {
+  fork_generation_counter_.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Per-thread bindings of every pool this thread has used; see
+// Note [MPS current stream].
+struct ThreadBindings {
+  struct Binding {
+    uint64_t pool_id;
+    StreamIndex current; // -1: not chosen yet
+    StreamIndex leased; // -1: holds no lease
+  };
+  std::vector<Binding> bindings;
+
+  Binding& find(uint64_t pool_id) {
+    for (auto& b : bindings) {
+      if (b.pool_id == pool_id) {
+        return b;
+      }
+    }
+    bindings.push_back(Binding{pool_id, -1, -1});
+    return bindings.back();
+  }
+
+  ~ThreadBindings() {
+    auto& reg = registry();
+    for (const auto& b : bindings) {
+      if (b.leased < 0) {
+        continue;
+      }
+      // Holding the registry lock keeps the pool alive while the lease is
+      // returned (a pool unregisters itself before it is destroyed).
+      MutexLock lock(reg.mu);
+      auto it = reg.pools.find(b.pool_id);
+      if (it != reg.pools.end()) {
+        it->second->returnSlot(b.leased);
+      }
+    }
+    StreamSlotPool::tls_cache_ = {0, -1};
+  }
+};
+
+namespace {
+thread_local ThreadBindings tls_bindings;
+} // namespace
+
+thread_local StreamSlotPool::FastCache StreamSlotPool::tls_cache_ = {0, -1};
+
+StreamSlotPool::StreamSlotPool(StreamPoolOptions options)
+    : id_([this] {
+        auto& reg = registry();
+        MutexLock lock(reg.mu);
+        const uint64_t id = reg.next_id++;
+        reg.pools.emplace(id, this);
+        return id;
+      }()),
+      fork_generation_([] {
+        static const bool registered =
+            pthread_atfork(nullptr, nullptr, &StreamSlotPool::onForkChild) == 0;
+        TORCH_CHECK(registered, "MPS stream pool: pthread_atfork failed");
+        return fork_generation_counter_.load(std::memory_order_relaxed);
+      }()),
+      options_(std::move(options)) {
+  MutexLock lock(mu_);
+  for (StreamIndex i = kStreamsPerPool - 1; i > kDefaultStreamIndex; --i) {
+    free_slots_.push_back(i);
+  }
+}
+
+StreamSlotPool::~StreamSlotPool() {
+  auto& reg = registry();
+  MutexLock lock(reg.mu);
+  reg.pools.erase(id_);
+}
+
+void StreamSlotPool::setReleaseHook(std::function<void(StreamIndex)> hook) {
+  release_hook_ = std::move(hook);
+}
+
+void StreamSlotPool::failForked() {
+  TORCH_CHECK(
+      false,
+      "MPS cannot be used in a child process created by fork() after the "
+      "MPS stream pool was initialized in the parent. Use the 'spawn' or "
+      "'forkserver' multiprocessing start method.");
+}
+
+void StreamSlotPool::validateIndex(StreamIndex index, const char* arg) const {
+  TORCH_CHECK(
+      index >= 0 && index < kStreamsPerPool,
+      "MPS stream index out of range: ",
+      arg,
+      "=",
+      index,
+      ", expected 0 <= ",
+      arg,
+      " < ",
+      kStreamsPerPool);
+}
+
+StreamIndex StreamSlotPool::currentIndexSlow() {
+  ThreadBindings::Binding& b = tls_bindings.find(id_);
+  if (b.current < 0) {
+    const bool main_thread = options_.is_main_thread ? options_.is_main_thread()
+                                                     : isProcessMainThread();
+    if (main_thread) {
+      b.current = kDefaultStreamIndex;
+    } else {
+      const Acquired got = acquireWorkerSlot();
+      b.current = got.index;
+      b.leased = got.leased ? got.index : -1;
+    }
+  }
+  tls_cache_ = {id_, b.current};
+  return b.current;
+}
+
+StreamSlotPool::Acquired StreamSlotPool::acquireWorkerSlot() {
+  MutexLock lock(mu_);
+  const auto has_free = [this]()
+                            MPS_REQUIRES(mu_) { return !free_slots_.empty(); };
+  if (!has_free()) {
+    const ExhaustionConfig& cfg = options_.exhaustion;
+    switch (cfg.policy) {
+      case ExhaustionPolicy::kShare:
+        return {nextPoolIndex(), /*leased=*/false};
+      case ExhaustionPolicy::kThrow:
+        TORCH_CHECK(
+            false,
+            "MPS stream pool exhausted: all ",
+            kWorkerStreams,
+            " worker streams are leased by other threads and ",
+            kWaitTimeoutEnvVar,
+            "=0 asks for an error. Call "
+            "torch.mps.release_current_thread_slot() in threads that are "
+            "done with MPS, unset ",
+            kWaitTimeoutEnvVar,
+            " to share streams, or set it to -1 or a timeout in ms to wait.");
+      case ExhaustionPolicy::kWait:
+        slot_freed_.wait(mu_, has_free);
+        break;
+      case ExhaustionPolicy::kWaitTimeout:
+        TORCH_CHECK(
+            slot_freed_.waitFor(mu_, cfg.timeout, has_free),
+            "MPS stream pool exhausted: no worker stream was released within ",
+            kWaitTimeoutEnvVar,
+            "=",
+            cfg.timeout.count(),
+            " ms (all ",
+            kWorkerStreams,
+            " are leased by other threads).");
+        break;
+    }
+  }
+  const StreamIndex slot = free_slots_.back();
+  free_slots_.pop_back();
+  return {slot, /*leased=*/true};
+}
+
+void StreamSlotPool::returnSlot(StreamIndex index) {
+  if (release_hook_) {
+    release_hook_(index);
+  }
+  {
+    MutexLock lock(mu_);
+    free_slots_.push_back(index);
+    // Keep the lowest index on top so reuse is deterministic.
+    std::sort(free_slots_.begin(), free_slots_.end(), std::greater<>());
+  }
+  slot_freed_.notifyOne();
+}
+
+StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
+  checkNotForked();
+  validateIndex(index, "index");
+  const StreamIndex previous = currentIndex();
+  tls_bindings.find(id_).current = index;
+  tls_cache_ = {id_, index};
+  return previous;
+}
+
+StreamIndex StreamSlotPool::nextPoolIndex() {
+  checkNotForked();
+  const uint32_t n = round_robin_.fetch_add(1, std::memory_order_relaxed);
+  return 1 + static_cast<StreamIndex>(n % kWorkerStreams);
+}
+
+void StreamSlotPool::releaseCurrentThreadSlot() {
+  checkNotForked();
+  ThreadBindings::Binding& b = tls_bindings.find(id_);
+  const StreamIndex leased = b.leased;
+  b.leased = -1;
+  b.current = -1;
+  if (tls_cache_.pool_id == id_) {
+    tls_cache_ = {0, -1};
+  }
+  if (leased > 0) {
+    returnSlot(leased);
+  }
+}
+
+int StreamSlotPool::leasedSlots() const {
+  MutexLock lock(mu_);
+  return kWorkerStreams - static_cast<int>(free_slots_.size());
+}
+
+bool StreamSlotPool::currentThreadHoldsLease() const {
+  for (const auto& b : tls_bindings.bindings) {
+    if (b.pool_id == id_) {
+      return b.leased > 0;
+    }
+  }
+  return false;
+}
+
+} // namespace at::mps

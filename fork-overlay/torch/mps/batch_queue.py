@@ -1,0 +1,409 @@
+r"""Dynamic batching for inference requests issued from many threads.
+
+On Apple Silicon every MPS operator launch is encoded into a Metal command
+buffer, and each thread that runs a model on its own pays the encoding,
+commit and synchronization cost for a tiny amount of arithmetic. Many threads
+doing this at once also contend for the same command queue, so throughput stays
+flat or even drops as threads are added. Gathering the requests of all threads
+into one stacked tensor lets a single thread run the model once: the GPU then
+receives one large command buffer per batch instead of many small ones, the
+per-launch overhead is amortized over the whole batch, and the kernels are big
+enough to occupy the GPU.
+
+:class:`BatchQueue` implements this pattern for any device: callers ``submit``
+single samples and get a :class:`concurrent.futures.Future`; one worker thread
+collects up to ``max_batch`` samples (waiting at most ``max_wait_ms`` after the
+first one arrived), runs the model once and hands each caller its own slice.
+"""
+
+import collections
+import concurrent.futures
+import numbers
+import queue
+import threading
+import time
+
+import torch
+
+__all__ = ["BatchQueue", "batch_inference"]
+
+
+class BatchQueueFull(queue.Full, TimeoutError):
+    r"""Raised by :meth:`BatchQueue.submit` when no queue slot frees up in time.
+
+    It is both a :class:`queue.Full` and a :class:`TimeoutError`.
+    """
+
+
+_Item = collections.namedtuple("_Item", ["value", "future", "arrival"])
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"BatchQueue: {name} must be {kind}, got {value!r}")
+    return int(value)
+
+
+def _check_callable(name, value, optional=True):
+    if (value is None and not optional) or (value is not None and not callable(value)):
+        raise TypeError(f"BatchQueue: {name} must be callable{' or None' if optional else ''}, "
+                        f"got {type(value).__name__}")
+    return value
+
+
+def _rebuild(like, values):
+    """Builds a sequence of the same type as ``like`` (tuple, list or namedtuple) from ``values``."""
+    return type(like)(*values) if hasattr(like, "_fields") else type(like)(values)
+
+
+def _default_collate(values):
+    """Stack tensors along a new dim 0; tuples, lists and dicts are stacked field-wise."""
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        return torch.stack(values, 0)
+    if isinstance(first, dict):
+        return {k: _default_collate([v[k] for v in values]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return _rebuild(first, [_default_collate(list(f)) for f in zip(*values)])
+    raise TypeError(f"BatchQueue: cannot stack inputs of type {type(first).__name__}; pass collate=")
+
+
+def _default_split(output, n):
+    """Split ``output`` along dim 0 into ``n`` per-sample results (views of ``output``)."""
+    if isinstance(output, torch.Tensor):
+        if output.dim() == 0 or output.shape[0] != n:
+            got = "a 0-dim tensor" if output.dim() == 0 else f"batch size {output.shape[0]}"
+            raise RuntimeError(f"BatchQueue: model output has {got} but the batch has {n} inputs; "
+                               "the model must keep the batch along dim 0 (or pass split=)")
+        return list(output.unbind(0))
+    if isinstance(output, dict):
+        cols = {k: _default_split(v, n) for k, v in output.items()}
+        return [{k: c[i] for k, c in cols.items()} for i in range(n)]
+    if isinstance(output, (tuple, list)):
+        cols = [_default_split(v, n) for v in output]
+        return [_rebuild(output, [c[i] for c in cols]) for i in range(n)]
+    if output is None:
+        return [None] * n
+    raise RuntimeError(f"BatchQueue: cannot split model output of type {type(output).__name__}; pass split=")
+
+
+def _to_device(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return _rebuild(value, [_to_device(v, device) for v in value])
+    return value
+
+
+def _signature(value):
+    """Key under which inputs can be collated together (shape, dtype, device for tensors)."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.dtype, value.device)
+    if isinstance(value, (tuple, list)):
+        return (type(value),) + tuple(_signature(v) for v in value)
+    if isinstance(value, dict):
+        return (type(value),) + tuple((k, _signature(v)) for k, v in value.items())
+    return type(value)
+
+
+class BatchQueue:
+    r"""Collects single-sample requests from many threads and runs them as batches.
+
+    Each submitted input is one sample without a batch dimension. A daemon worker
+    thread waits until ``max_batch`` samples are queued or ``max_wait_ms`` passed
+    since the oldest of them arrived, collates them (``torch.stack`` along a new
+    dim 0 by default), calls ``model(batch)`` once under :func:`torch.no_grad`
+    and resolves every future with that sample's slice of the output. Tensor
+    outputs, and tuples, lists or dicts of tensors, are split along dim 0; the
+    slices are views of the batch output. Inputs that cannot be collated
+    together (e.g. different shapes) are run in separate groups.
+
+    Args:
+        model (callable): module or function taking a batch and returning a
+            batch with the same size along dim 0.
+        max_batch (int): largest number of samples per model call. Default: 8.
+        max_wait_ms (float): longest time the oldest queued sample waits for
+            more samples before a partial batch runs. Default: 5.0.
+        max_queue (int): number of waiting samples at which :meth:`submit`
+            blocks (back-pressure). Default: 1024.
+        device (torch.device or str, optional): if given, the collated batch
+            is moved there before the model runs. Outputs are not moved back.
+        collate (callable, optional): ``collate(list_of_inputs) -> batch``.
+        split (callable, optional): ``split(output, n) -> sequence of n results``.
+        name (str, optional): used in the worker thread's name.
+
+    Example::
+
+        >>> model = torch.nn.Linear(16, 4).eval()
+        >>> with BatchQueue(model, max_batch=32, max_wait_ms=2) as q:
+        ...     fut = q.submit(torch.randn(16))   # from any thread
+        ...     y = fut.result()                  # shape (4,)
+        ...     y2 = q(torch.randn(16))           # blocking form
+    """
+
+    def __init__(self, model, *, max_batch=8, max_wait_ms=5.0, max_queue=1024, device=None,
+                 collate=None, split=None, name=None):
+        self._model = _check_callable("model", model, optional=False)
+        self._max_batch = _check_int("max_batch", max_batch, 1)
+        self._max_queue = _check_int("max_queue", max_queue, 1)
+        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, numbers.Real) or not max_wait_ms >= 0:
+            raise ValueError(f"BatchQueue: max_wait_ms must be a non-negative number, got {max_wait_ms!r}")
+        self._max_wait = float(max_wait_ms) / 1000.0
+        try:
+            self._device = None if device is None else torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise ValueError(f"BatchQueue: device must be a torch.device or device string, got {device!r}") from exc
+        self._collate = _check_callable("collate", collate) or _default_collate
+        self._split = _check_callable("split", split) or _default_split
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"BatchQueue: name must be a str or None, got {type(name).__name__}")
+
+        # One lock guards _pending, _closed and the counters; both conditions share it.
+        self._lock = threading.Lock()
+        self._not_empty = threading.Condition(self._lock)
+        self._not_full = threading.Condition(self._lock)
+        self._pending = collections.deque()
+        self._closed = False
+        self._counts = dict(submitted=0, completed=0, failed=0, cancelled=0, batches=0, batched_items=0,
+                            max_batch_size=0)
+        self._worker = threading.Thread(target=self._run, name=f"BatchQueue-{name or 'worker'}", daemon=True)
+        self._worker.start()
+
+    @property
+    def closed(self):
+        r"""``True`` once :meth:`close` has been called."""
+        return self._closed
+
+    def submit(self, x, *, block=True, timeout=None):
+        r"""Queues one sample and returns a future for its result.
+
+        Args:
+            x: one input sample (no batch dimension).
+            block (bool): if ``False``, raise at once when the queue is full.
+            timeout (float, optional): seconds to wait for room in a full queue.
+
+        Returns:
+            concurrent.futures.Future: resolves to this sample's output, or to
+            the exception raised while collating or running its batch.
+
+        Raises:
+            BatchQueueFull: no room in the queue (a ``queue.Full`` and ``TimeoutError``).
+            RuntimeError: the queue is closed.
+        """
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"BatchQueue: timeout must be a non-negative number or None, got {timeout!r}")
+        future = concurrent.futures.Future()
+        with self._lock:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not self._closed and len(self._pending) >= self._max_queue:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if not block or (remaining is not None and remaining <= 0):
+                    raise BatchQueueFull(f"BatchQueue: queue is full (max_queue={self._max_queue})"
+                                         + (f"; no room within {timeout} s" if block else ""))
+                self._not_full.wait(remaining)
+            if self._closed:
+                raise RuntimeError("BatchQueue is closed")
+            self._pending.append(_Item(x, future, time.monotonic()))
+            self._counts["submitted"] += 1
+            self._not_empty.notify()
+        return future
+
+    def __call__(self, x, timeout=None):
+        r"""Submits ``x`` and blocks until its result is ready.
+
+        Args:
+            x: one input sample.
+            timeout (float, optional): total seconds to wait for room and result.
+                On a timeout the sample stays queued and may still run.
+
+        Returns:
+            This sample's slice of the model output.
+        """
+        start = time.monotonic()
+        future = self.submit(x, timeout=timeout)
+        return future.result(None if timeout is None else max(0.0, timeout - (time.monotonic() - start)))
+
+    def close(self, wait=True, cancel_pending=False):
+        r"""Stops accepting new samples. Idempotent and thread-safe.
+
+        Args:
+            wait (bool): block until the worker thread has exited.
+            cancel_pending (bool): cancel samples still waiting in the queue
+                instead of running them. A batch already running completes.
+        """
+        with self._lock:
+            self._closed = True
+            dropped = list(self._pending) if cancel_pending else []
+            if cancel_pending:
+                self._pending.clear()
+            self._not_empty.notify_all()
+            self._not_full.notify_all()
+        cancelled = sum(1 for item in dropped if item.future.cancel())
+        with self._lock:
+            self._counts["cancelled"] += cancelled
+        if wait and threading.current_thread() is not self._worker:
+            self._worker.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def stats(self):
+        r"""Returns counters as a dict.
+
+        Returns:
+            dict: ``submitted``, ``completed``, ``failed``, ``cancelled``,
+            ``queued`` (waiting now), ``batches`` (model calls),
+            ``mean_batch_size`` and ``max_batch_size``.
+        """
+        with self._lock:
+            c = dict(self._counts)
+            c["queued"] = len(self._pending)
+        batched = c.pop("batched_items")
+        c["mean_batch_size"] = batched / c["batches"] if c["batches"] else 0.0
+        return c
+
+    # Worker side. Futures are moved to RUNNING before collation, so a caller can
+    # cancel only while its sample is still queued; afterwards exactly one of
+    # set_result / set_exception is called for it.
+
+    def _next_batch(self):
+        with self._lock:
+            while not self._pending and not self._closed:
+                self._not_empty.wait()
+            if not self._pending:
+                return None  # closed and drained
+            deadline = self._pending[0].arrival + self._max_wait
+            while len(self._pending) < self._max_batch and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._not_empty.wait(remaining)
+            n = min(self._max_batch, len(self._pending))
+            items = [self._pending.popleft() for _ in range(n)]
+            self._not_full.notify(n)
+        live = []
+        for item in items:
+            if item.future.set_running_or_notify_cancel():
+                live.append(item)
+            else:
+                self._bump(cancelled=1)
+        return live
+
+    def _run(self):
+        items = []
+        try:
+            while True:
+                items = self._next_batch()
+                if items is None:
+                    return
+                if items:
+                    self._run_items(items)
+        except BaseException as exc:  # never leave futures unresolved if the worker dies
+            with self._lock:
+                self._closed = True
+                items = list(items or []) + list(self._pending)
+                self._pending.clear()
+                self._not_full.notify_all()
+            err = RuntimeError(f"BatchQueue worker stopped unexpectedly: {exc!r}")
+            for item in items:
+                if item.future.cancel() or item.future.done():
+                    continue
+                item.future.set_exception(err)
+            raise
+
+    def _run_items(self, items):
+        try:
+            batch = self._collate([item.value for item in items])
+        except Exception as exc:
+            groups = collections.OrderedDict()
+            for item in items:
+                groups.setdefault(_signature(item.value), []).append(item)
+            if len(groups) > 1:  # mixed shapes/dtypes: each compatible group gets its own batch
+                for group in groups.values():
+                    self._run_items(group)
+                return
+            err = RuntimeError(f"BatchQueue: could not collate {len(items)} input(s) into a batch: "
+                               f"{type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            return self._fail(items, err)
+        n = len(items)
+        try:
+            if self._device is not None:
+                batch = _to_device(batch, self._device)
+            self._bump(batches=1, batched_items=n)
+            with torch.no_grad():
+                output = self._model(batch)
+            results = list(self._split(output, n))
+            if len(results) != n:
+                raise RuntimeError(f"BatchQueue: split returned {len(results)} results for a batch of {n} inputs")
+        except BaseException as exc:
+            return self._fail(items, exc)
+        for item, result in zip(items, results):
+            item.future.set_result(result)
+        self._bump(completed=n)
+
+    def _fail(self, items, exc):
+        for item in items:
+            item.future.set_exception(exc)
+        self._bump(failed=len(items))
+
+    def _bump(self, **deltas):
+        with self._lock:
+            for key, delta in deltas.items():
+                self._counts[key] += delta
+            if "batched_items" in deltas:
+                self._counts["max_batch_size"] = max(self._counts["max_batch_size"], deltas["batched_items"])
+
+
+def batch_inference(model, inputs, *, max_batch=8, max_wait_ms=5.0, num_threads=None, device=None):
+    r"""Runs ``inputs`` through ``model`` with dynamic batching from several threads.
+
+    A temporary :class:`BatchQueue` is fed by ``num_threads`` submitter threads,
+    which emulates many concurrent callers; useful for tests and benchmarks.
+
+    Args:
+        model (callable): as for :class:`BatchQueue`.
+        inputs (iterable): single samples (no batch dimension).
+        max_batch (int): as for :class:`BatchQueue`. Default: 8.
+        max_wait_ms (float): as for :class:`BatchQueue`. Default: 5.0.
+        num_threads (int, optional): submitter threads. Default: ``min(32, len(inputs))``.
+        device (torch.device or str, optional): as for :class:`BatchQueue`.
+
+    Returns:
+        list: one output per input, in input order. The first failed sample's
+        exception is re-raised.
+
+    Example::
+
+        >>> outs = batch_inference(torch.nn.Linear(8, 2), [torch.randn(8) for _ in range(100)])
+    """
+    inputs = list(inputs)
+    if num_threads is None:
+        num_threads = min(32, max(1, len(inputs)))
+    num_threads = _check_int("num_threads", num_threads, 1)
+    futures = [None] * len(inputs)
+    errors = []
+
+    with BatchQueue(model, max_batch=max_batch, max_wait_ms=max_wait_ms, device=device,
+                    name="batch_inference") as q:
+        def submitter(start):
+            try:
+                for i in range(start, len(inputs), num_threads):
+                    futures[i] = q.submit(inputs[i])
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=submitter, args=(t,), daemon=True) for t in range(num_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return [f.result() for f in futures]

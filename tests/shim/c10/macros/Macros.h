@@ -1,0 +1,6 @@
+#pragma once
+
+// Harness stand-in for the branch-hint macros of <c10/macros/Macros.h>.
+
+#define C10_LIKELY(expr) (__builtin_expect(static_cast<bool>(expr), 1))
+#define C10_UNLIKELY(expr) (__builtin_expect(static_cast<bool>(expr), 0))
