@@ -327,7 +327,9 @@ void Queue::run() {
       fifo_.pop_front();
       executing_ = true;
     }
+    device_->acquireGpu();
     execute(*root);
+    device_->releaseGpu();
     {
       std::lock_guard<std::mutex> lock(mu_);
       executing_ = false;
@@ -599,6 +601,26 @@ std::chrono::microseconds Device::drawLatency() {
   std::uniform_int_distribution<int64_t> d(
       config_.min_latency.count(), config_.max_latency.count());
   return std::chrono::microseconds(d(rng_));
+}
+
+void Device::acquireGpu() {
+  if (config_.gpu_parallelism == 0) {
+    return;
+  }
+  std::unique_lock<std::mutex> lock(gpu_mu_);
+  gpu_cv_.wait(lock, [&] { return gpu_busy_ < config_.gpu_parallelism; });
+  ++gpu_busy_;
+}
+
+void Device::releaseGpu() {
+  if (config_.gpu_parallelism == 0) {
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(gpu_mu_);
+    --gpu_busy_;
+  }
+  gpu_cv_.notify_one();
 }
 
 void Device::setViolationHandler(

@@ -54,6 +54,10 @@ struct Config {
   std::chrono::microseconds min_latency{0};
   std::chrono::microseconds max_latency{0};
   size_t max_inflight = 64; // per queue, as Metal's default
+  // How many command buffers the simulated GPU executes at once across all
+  // queues (0: unlimited). Benchmarks set it so that more queues cannot buy
+  // more GPU than the device has.
+  size_t gpu_parallelism = 0;
   // Probability that the completion thread swaps the delivery of two
   // adjacent completions.
   double reorder_completions = 0.0;
@@ -334,6 +338,8 @@ class Device {
   friend class Root;
   friend class CommandBuffer;
   std::chrono::microseconds drawLatency();
+  void acquireGpu();
+  void releaseGpu();
   bool takeCommitFault(std::string* error);
   void postCompletion(std::function<void()> fn);
   void postListener(std::function<void()> fn);
@@ -348,6 +354,10 @@ class Device {
   int commit_faults_ = 0;
   std::string commit_fault_error_;
   std::atomic<uint64_t> next_id_{1};
+  // Counting semaphore for Config::gpu_parallelism.
+  std::mutex gpu_mu_;
+  std::condition_variable gpu_cv_;
+  size_t gpu_busy_ = 0;
   std::atomic<uint64_t> roots_in_flight_{0};
   std::atomic<uint64_t> roots_completed_{0};
   std::function<void(const std::string&)> on_violation_;

@@ -4,10 +4,12 @@
 #include "harness.h"
 
 #include <atomic>
+#include <numeric>
 #include <thread>
 
 namespace {
 
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -312,6 +314,36 @@ TEST_F(SimMetalTest, HazardWhenTwoQueuesRunConflictingAccessesTogether) {
   EXPECT_THAT(
       device().hazards().reports(), ElementsAre(HasSubstr("at the same time")));
   device().hazards().clear();
+}
+
+TEST_F(SimMetalTest, GpuParallelismCapsConcurrentExecutionAcrossQueues) {
+  config_.gpu_parallelism = 2;
+  config_.min_latency = std::chrono::microseconds(2000);
+  config_.max_latency = std::chrono::microseconds(2000);
+  SetUp();
+  std::atomic<int> running{0}, peak{0};
+  std::vector<sim::QueuePtr> queues;
+  std::vector<sim::CommandBufferPtr> cbs;
+  for (int i = 0; i < 6; ++i) {
+    queues.push_back(device().newCommandQueue());
+    auto cb = queues.back()->makeCommandBuffer();
+    auto enc = cb->computeEncoder();
+    enc->dispatch({{}, [&] {
+                     const int now = ++running;
+                     int p = peak.load();
+                     while (now > p && !peak.compare_exchange_weak(p, now)) {
+                     }
+                     std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                     --running;
+                   }});
+    enc->endEncoding();
+    cb->commit();
+    cbs.push_back(cb);
+  }
+  for (auto& cb : cbs) {
+    cb->waitUntilCompleted();
+  }
+  EXPECT_EQ(peak.load(), 2);
 }
 
 TEST_F(SimMetalTest, QueueCreationFaultReturnsNull) {

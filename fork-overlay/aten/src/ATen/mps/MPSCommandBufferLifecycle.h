@@ -273,8 +273,10 @@ class CommandBufferLifecycle {
         }
       }
       deferred_.erase(deferred_.begin(), end);
+      // Notify under the lock: a woken waiter may destroy this object (see
+      // the destructor), so nothing below may touch a member.
+      completed_cv_.notifyAll();
     }
-    completed_cv_.notifyAll();
     for (auto& [handler, covered] : ready) {
       handler(covered);
     }
