@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs every test suite of the repository; exits non-zero if any fails.
+#   scripts/test.sh [--quick]     (--quick: dev preset only, no sanitizers)
+# Suites: the CTest harness under the dev, tsan and asan presets; the
+# BatchQueue tests (Debian's CPU torch, system python); flake8 and bash
+# lint; clang-format; the patch-vs-overlay check; and, when the baseline
+# cache exists, the patch apply check.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/.." || exit 1
+jobs=$(nproc)
+passed=0 failed=0 failed_suites=()
+
+record() { # record NAME STATUS [PASSED_COUNT FAILED_COUNT]
+  local name=$1 status=$2 np=${3:-1} nf=${4:-0}
+  if [ "$status" -ne 0 ] && [ "$nf" -eq 0 ]; then nf=1; fi
+  passed=$((passed + np)); failed=$((failed + nf))
+  if [ "$status" -ne 0 ]; then failed_suites+=("$name"); fi
+  echo "== $name: $([ "$status" -eq 0 ] && echo ok || echo FAILED)"
+}
+
+ctest_suite() { # ctest_suite PRESET
+  local preset=$1 log
+  log=$(mktemp)
+  echo "== building preset $preset"
+  if ! { cmake --preset "$preset" >/dev/null && cmake --build --preset "$preset" -j"$jobs"; } \
+      >"$log" 2>&1; then
+    tail -50 "$log"; record "ctest[$preset] build" 1; return
+  fi
+  ctest --preset "$preset" -j"$jobs" 2>&1 | tee "$log" | grep -E "tests passed|Failed|\*\*\*" || true
+  local st=${PIPESTATUS[0]}
+  local total fails
+  total=$(grep -oE "out of [0-9]+" "$log" | grep -oE "[0-9]+" | tail -1)
+  fails=$(grep -oE "[0-9]+ tests failed" "$log" | grep -oE "^[0-9]+" | tail -1)
+  total=${total:-0}; fails=${fails:-0}
+  record "ctest[$preset]" "$st" $((total - fails)) "$fails"
+}
+
+presets=(dev tsan asan)
+[ "${1:-}" = "--quick" ] && presets=(dev)
+for p in "${presets[@]}"; do ctest_suite "$p"; done
+
+log=$(mktemp)
+/usr/bin/python3 -m pytest -q tests/python 2>&1 | tee "$log" | tail -3
+st=${PIPESTATUS[0]}
+np=$(grep -oE "[0-9]+ passed" "$log" | grep -oE "[0-9]+" | tail -1)
+nf=$(grep -oE "[0-9]+ failed" "$log" | grep -oE "[0-9]+" | tail -1)
+record "pytest" "$st" "${np:-0}" "${nf:-0}"
+
+py_files=$(git ls-files '*.py')
+/usr/bin/python3 -m flake8 --max-line-length 120 $py_files; record "flake8" $?
+sh_files=$(git ls-files '*.sh' .ci/run)
+bash_ok=0
+for f in $sh_files; do bash -n "$f" || bash_ok=1; done
+if command -v shellcheck >/dev/null; then shellcheck -S warning $sh_files || bash_ok=1; fi
+record "bash lint" $bash_ok
+
+cxx_files=$(git ls-files '*.h' '*.cpp' | grep -v '^tests/shim/')
+clang-format --dry-run -Werror $cxx_files; record "clang-format" $?
+
+"$here/regenerate_cumulative_patch.sh" --check; record "patch matches overlay" $?
+
+baseline=$HOME/.cache/pytorch-v2.9.1-mps-baseline
+if [ -d "$baseline" ]; then
+  "$here/apply_patch.sh"; record "patch applies to v2.9.1 baseline" $?
+else
+  echo "== baseline cache $baseline absent: skipping the patch apply check"
+fi
+
+if [ "${#failed_suites[@]}" -gt 0 ]; then
+  echo "failed suites: ${failed_suites[*]}"
+fi
+echo "summary: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
