@@ -23,19 +23,18 @@ class Backend : public at::mps::StreamBackend<Stream> {
   void onLeaseReleased(Stream&) override {}
 };
 
-at::mps::StreamPool<Stream>& pool(bool main_thread_default) {
-  auto make = [](bool main_default) {
-    at::mps::StreamPoolOptions o;
-    if (!main_default) {
-      o.is_main_thread = [] { return false; };
-    }
-    // Leaked like the production pool.
-    return new at::mps::StreamPool<Stream>(std::make_unique<Backend>(), o);
-  };
-  static auto* with_main = make(true);
-  static auto* workers_only = make(false);
-  return main_thread_default ? *with_main : *workers_only;
-}
+// Leaked like the production pool. The first is what getCurrentMPSStream()
+// uses (the main thread gets the default stream); the second makes every
+// thread a worker, for the lease benchmarks.
+at::mps::StreamPool<Stream>* const process_pool =
+    new at::mps::StreamPool<Stream>(
+        std::make_unique<Backend>(),
+        at::mps::StreamPoolOptions{});
+at::mps::StreamPool<Stream>* const worker_pool = [] {
+  at::mps::StreamPoolOptions o;
+  o.is_main_thread = [] { return false; };
+  return new at::mps::StreamPool<Stream>(std::make_unique<Backend>(), o);
+}();
 
 // v2.9.1: MPSStreamImpl::getInstance() behind getCurrentMPSStream(), an
 // out-of-line call from every op.
@@ -49,7 +48,7 @@ __attribute__((noinline)) Stream* legacyGetCurrentStream() {
 
 // The pool-backed getCurrentMPSStream(), also out of line.
 __attribute__((noinline)) Stream* poolGetCurrentStream() {
-  return &pool(true).currentStream();
+  return &process_pool->currentStream();
 }
 
 void BM_CurrentStream_V291Singleton(benchmark::State& state) {
@@ -71,7 +70,7 @@ BENCHMARK(BM_CurrentStream_Pool)->ThreadRange(1, 2);
 // One lease taken and returned on the calling thread: the pool work that a
 // thread's first use and its exit add, without the cost of the thread.
 void BM_LeaseAcquireRelease(benchmark::State& state) {
-  auto& p = pool(false);
+  auto& p = *worker_pool;
   for (auto _ : state) {
     benchmark::DoNotOptimize(p.currentIndex());
     p.releaseCurrentThreadSlot();
@@ -89,7 +88,7 @@ void BM_ThreadLifetime_NoPool(benchmark::State& state) {
 BENCHMARK(BM_ThreadLifetime_NoPool)->UseRealTime();
 
 void BM_ThreadLifetime_LeaseOnFirstUse(benchmark::State& state) {
-  auto& p = pool(false);
+  auto& p = *worker_pool;
   for (auto _ : state) {
     std::thread([&p] { benchmark::DoNotOptimize(p.currentIndex()); }).join();
   }

@@ -108,12 +108,17 @@ PoolRegistry& registry() {
 
 } // namespace
 
+using detail::tls_slot_cache;
+
 std::atomic<uint64_t> StreamSlotPool::fork_generation_counter_{0};
 
 // Bumping the generation poisons every pool made before the fork: Metal
-// objects do not survive fork(). Pools made in the child still work.
+// objects do not survive fork(). Pools made in the child still work. The
+// forking thread is the child's only thread; clearing its cache sends its
+// next currentIndex() through the checked slow path.
 void StreamSlotPool::onForkChild() {
   fork_generation_counter_.fetch_add(1, std::memory_order_relaxed);
+  tls_slot_cache = {0, -1};
 }
 
 // Per-thread bindings of every pool this thread has used; see
@@ -150,15 +155,13 @@ struct ThreadBindings {
         it->second->returnSlot(b.leased);
       }
     }
-    StreamSlotPool::tls_cache_ = {0, -1};
+    tls_slot_cache = {0, -1};
   }
 };
 
 namespace {
 thread_local ThreadBindings tls_bindings;
 } // namespace
-
-thread_local StreamSlotPool::FastCache StreamSlotPool::tls_cache_ = {0, -1};
 
 StreamSlotPool::StreamSlotPool(StreamPoolOptions options)
     : id_([this] {
@@ -213,6 +216,7 @@ void StreamSlotPool::validateIndex(StreamIndex index, const char* arg) const {
 }
 
 StreamIndex StreamSlotPool::currentIndexSlow() {
+  checkNotForked();
   ThreadBindings::Binding& b = tls_bindings.find(id_);
   if (b.current < 0) {
     const bool main_thread = options_.is_main_thread ? options_.is_main_thread()
@@ -225,7 +229,7 @@ StreamIndex StreamSlotPool::currentIndexSlow() {
       b.leased = got.leased ? got.index : -1;
     }
   }
-  tls_cache_ = {id_, b.current};
+  tls_slot_cache = {id_, b.current};
   return b.current;
 }
 
@@ -289,7 +293,7 @@ StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   validateIndex(index, "index");
   const StreamIndex previous = currentIndex();
   tls_bindings.find(id_).current = index;
-  tls_cache_ = {id_, index};
+  tls_slot_cache = {id_, index};
   return previous;
 }
 
@@ -305,8 +309,8 @@ void StreamSlotPool::releaseCurrentThreadSlot() {
   const StreamIndex leased = b.leased;
   b.leased = -1;
   b.current = -1;
-  if (tls_cache_.pool_id == id_) {
-    tls_cache_ = {0, -1};
+  if (tls_slot_cache.pool_id == id_) {
+    tls_slot_cache = {0, -1};
   }
   if (leased > 0) {
     returnSlot(leased);

@@ -108,6 +108,20 @@ struct StreamPoolOptions {
 
 TORCH_API bool isProcessMainThread();
 
+namespace detail {
+// The binding of the pool the calling thread used last; see
+// Note [MPS current stream]. Constant-initialized and trivially
+// destructible, so reading it is a plain TLS load. Only MPSStreamPool.cpp
+// writes it: if a shared library that merely inlines the reader ever held a
+// separate copy, that copy would stay empty and always take the checked slow
+// path, which is correct.
+struct SlotCache {
+  uint64_t pool_id;
+  int current; // StreamIndex; -1: no binding
+};
+inline thread_local SlotCache tls_slot_cache = {0, -1};
+} // namespace detail
+
 // Note [MPS current stream]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // Per thread and per pool, the thread's binding holds its current slot and
@@ -129,9 +143,9 @@ class TORCH_API StreamSlotPool {
   // The calling thread's current slot; the first call on a non-main thread
   // leases a worker slot (or applies the exhaustion policy).
   StreamIndex currentIndex() {
-    checkNotForked();
-    if (C10_LIKELY(tls_cache_.pool_id == id_ && tls_cache_.current >= 0)) {
-      return tls_cache_.current;
+    const detail::SlotCache cached = detail::tls_slot_cache;
+    if (C10_LIKELY(cached.pool_id == id_ && cached.current >= 0)) {
+      return cached.current;
     }
     return currentIndexSlow();
   }
@@ -160,6 +174,8 @@ class TORCH_API StreamSlotPool {
   void setReleaseHook(std::function<void(StreamIndex)> hook);
 
   // Raises a clear error in a child process forked after this pool was made.
+  // currentIndex() needs no such check on its fast path: the only thread
+  // that survives fork() has its cache cleared by the child handler.
   void checkNotForked() const {
     if (C10_UNLIKELY(
             fork_generation_ !=
@@ -169,15 +185,10 @@ class TORCH_API StreamSlotPool {
   }
 
  private:
-  struct FastCache {
-    uint64_t pool_id;
-    StreamIndex current;
-  };
   struct Acquired {
     StreamIndex index;
     bool leased; // false: a shared stream handed out on exhaustion
   };
-  static thread_local FastCache tls_cache_;
   // Bumped in the child of every fork(); constant-initialized so the fast
   // path reads it without a guard.
   static std::atomic<uint64_t> fork_generation_counter_;
@@ -255,7 +266,9 @@ class StreamPool {
     return stream(kDefaultStreamIndex);
   }
   StreamT& currentStream() {
-    return stream(slots_.currentIndex());
+    const StreamIndex index = slots_.currentIndex();
+    StreamT* s = streams_[index].load(std::memory_order_acquire);
+    return C10_LIKELY(s != nullptr) ? *s : firstUse(index);
   }
   StreamIndex currentIndex() {
     return slots_.currentIndex();
@@ -295,7 +308,12 @@ class StreamPool {
   }
 
  private:
-  StreamT& create(StreamIndex index) MPS_EXCLUDES(create_mu_) {
+  // Kept out of the hot accessors so that they stay a few loads.
+  C10_NOINLINE StreamT& firstUse(StreamIndex index) {
+    return stream(index);
+  }
+
+  C10_NOINLINE StreamT& create(StreamIndex index) MPS_EXCLUDES(create_mu_) {
     MutexLock lock(create_mu_);
     if (StreamT* s = streams_[index].load(std::memory_order_acquire)) {
       return *s; // another thread won the race
