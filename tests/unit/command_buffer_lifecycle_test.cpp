@@ -55,6 +55,19 @@ TEST_F(LifecycleTest, CreatesOneBufferLazilyAndCoalescesKernels) {
   lc.synchronize(SyncType::COMMIT_AND_WAIT);
 }
 
+TEST_F(LifecycleTest, PendingCommitPointCoversEncodedWork) {
+  auto& s = makeStream(false);
+  auto buf = device().newBuffer(1);
+  auto& lc = s.lifecycle();
+  EXPECT_EQ(lc.pendingCommitPoint(), 0u);
+  s.encodeKernel(write(buf, 1), SyncType::NONE);
+  EXPECT_EQ(lc.pendingCommitPoint(), 1u); // will ride on the next commit
+  s.synchronize(SyncType::COMMIT);
+  EXPECT_EQ(lc.pendingCommitPoint(), 1u);
+  lc.waitForCommitPoint(lc.pendingCommitPoint());
+  EXPECT_EQ(buf->read(0), 1);
+}
+
 TEST_F(LifecycleTest, CommitAndWaitMakesTheWorkVisible) {
   auto& s = makeStream(false);
   auto buf = device().newBuffer(1);

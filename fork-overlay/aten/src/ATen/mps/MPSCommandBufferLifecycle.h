@@ -178,6 +178,15 @@ class CommandBufferLifecycle {
   }
 
   // Timeline values; see Note [MPS command buffer lifecycle].
+  // The commit point that will carry all work encoded so far: the next one
+  // while a buffer is open, else the last one. Work is complete once
+  // completedCommitPoint() reaches it; if a buffer is open that needs a
+  // commit first (synchronize(COMMIT)).
+  uint64_t pendingCommitPoint() const MPS_EXCLUDES(mu_, timeline_mu_) {
+    MutexLock lock(mu_);
+    MutexLock tl(timeline_mu_);
+    return committed_ + (has_buffer_ ? 1 : 0);
+  }
   uint64_t lastCommitPoint() const MPS_EXCLUDES(timeline_mu_) {
     MutexLock tl(timeline_mu_);
     return committed_;
@@ -288,7 +297,7 @@ class CommandBufferLifecycle {
 
   // Lock order: mu_ before timeline_mu_. Completion handlers take only
   // timeline_mu_.
-  Mutex mu_ MPS_ACQUIRED_BEFORE(timeline_mu_);
+  mutable Mutex mu_ MPS_ACQUIRED_BEFORE(timeline_mu_);
   bool has_buffer_ MPS_GUARDED_BY(mu_) = false;
   Buffer buffer_ MPS_GUARDED_BY(mu_){};
   bool has_encoder_ MPS_GUARDED_BY(mu_) = false;
