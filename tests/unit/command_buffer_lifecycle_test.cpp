@@ -104,6 +104,21 @@ TEST_F(LifecycleTest, CommitAndContinueKeepsTheBufferOpenAndWaitStillWorks) {
   EXPECT_EQ(lc.completedCommitPoint(), 3u);
 }
 
+TEST_F(LifecycleTest, CleanBufferLeftOpenIsNeitherPendingNorCommitted) {
+  auto& s = makeStream(true);
+  auto buf = device().newBuffer(1);
+  auto& lc = s.lifecycle();
+  s.encodeKernel(write(buf, 1), SyncType::COMMIT); // commitAndContinue
+  EXPECT_FALSE(lc.hasUncommittedWork());
+  EXPECT_EQ(lc.pendingCommitPoint(), 1u);
+  s.synchronize(SyncType::COMMIT);
+  s.synchronize(SyncType::COMMIT_AND_WAIT);
+  EXPECT_EQ(lc.lastCommitPoint(), 1u); // no empty commits
+  bool ran = false;
+  lc.addCompletedHandler([&](const CompletionStatus&) { ran = true; });
+  EXPECT_TRUE(ran); // nothing pending: runs at once
+}
+
 TEST_F(LifecycleTest, PlainCommitPolicyClosesTheBufferOnCommit) {
   auto& s = makeStream(false);
   auto buf = device().newBuffer(1);

@@ -68,9 +68,13 @@ TORCH_API bool resolveCommitAndContinue(
 // completion handler that needs this stream cannot deadlock against a waiter.
 //
 // addCompletedHandler(h) runs h once all work submitted to the stream so far
-// has completed: it joins the open buffer if there is one (the buffer that
-// carries that work), otherwise it waits for the last commit point, and runs
-// at once if that has already completed. It never creates an empty buffer.
+// has completed: it joins the open buffer if work was encoded into it since
+// the last commit (the buffer that carries that work), otherwise it waits for
+// the last commit point, and runs at once if that has already completed. It
+// never creates an empty buffer, and a clean buffer is never committed.
+//
+// Completion handlers must not enter the stream's serial section: a thread
+// that waits (COMMIT_AND_WAIT) inside it would never see them finish.
 //
 // Ops must provide:
 //   using Queue; using Buffer; using Encoder;   (copyable handles)
@@ -94,21 +98,33 @@ class CommandBufferLifecycle {
         queue_(std::move(queue)),
         commit_and_continue_(commit_and_continue) {}
 
-  // Commits what is left and waits for every commit point, so no completion
-  // handler can outlive the object.
+  // Commits what is left, including a clean buffer that commitAndContinue
+  // kept open, and waits for every commit point, so no completion handler
+  // can outlive the object.
   ~CommandBufferLifecycle() {
-    synchronize(SyncType::COMMIT_AND_WAIT);
+    uint64_t last = 0;
+    {
+      MutexLock lock(mu_);
+      endEncoder();
+      commitOpen(/*keep_open=*/false, /*even_if_clean=*/true);
+      last = lastCommitPoint();
+    }
+    waitForCommitPoint(last);
   }
   CommandBufferLifecycle(const CommandBufferLifecycle&) = delete;
   CommandBufferLifecycle& operator=(const CommandBufferLifecycle&) = delete;
 
+  // Handing out the buffer or encoder marks the stream as having work to
+  // commit (the caller is about to encode).
   Buffer commandBuffer() MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
+    dirty_ = true;
     return openBuffer();
   }
 
   Encoder commandEncoder() MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
+    dirty_ = true;
     if (!has_encoder_) {
       encoder_ = ops_.makeComputeEncoder(openBuffer());
       has_encoder_ = true;
@@ -160,7 +176,7 @@ class CommandBufferLifecycle {
       MPS_EXCLUDES(mu_, timeline_mu_) {
     {
       MutexLock lock(mu_);
-      if (has_buffer_) {
+      if (dirty_) {
         ops_.addCompletedHandler(buffer_, std::move(handler));
         return;
       }
@@ -179,13 +195,18 @@ class CommandBufferLifecycle {
 
   // Timeline values; see Note [MPS command buffer lifecycle].
   // The commit point that will carry all work encoded so far: the next one
-  // while a buffer is open, else the last one. Work is complete once
-  // completedCommitPoint() reaches it; if a buffer is open that needs a
-  // commit first (synchronize(COMMIT)).
+  // while the open buffer has work, else the last one. Work is complete once
+  // completedCommitPoint() reaches it; with work open that needs a commit
+  // first (synchronize(COMMIT)).
   uint64_t pendingCommitPoint() const MPS_EXCLUDES(mu_, timeline_mu_) {
     MutexLock lock(mu_);
     MutexLock tl(timeline_mu_);
-    return committed_ + (has_buffer_ ? 1 : 0);
+    return committed_ + (dirty_ ? 1 : 0);
+  }
+  // Whether work was encoded since the last commit.
+  bool hasUncommittedWork() const MPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return dirty_;
   }
   uint64_t lastCommitPoint() const MPS_EXCLUDES(timeline_mu_) {
     MutexLock tl(timeline_mu_);
@@ -233,11 +254,14 @@ class CommandBufferLifecycle {
     }
   }
 
-  // Commits the open buffer, if any, as the next commit point.
-  void commitOpen(bool keep_open) MPS_REQUIRES(mu_) MPS_EXCLUDES(timeline_mu_) {
-    if (!has_buffer_) {
+  // Commits the open buffer as the next commit point if it has work. A clean
+  // buffer (left open by commitAndContinue) is not committed empty.
+  void commitOpen(bool keep_open, bool even_if_clean = false) MPS_REQUIRES(mu_)
+      MPS_EXCLUDES(timeline_mu_) {
+    if (!has_buffer_ || (!dirty_ && !even_if_clean)) {
       return;
     }
+    dirty_ = false;
     uint64_t point = 0;
     {
       MutexLock tl(timeline_mu_);
@@ -299,6 +323,8 @@ class CommandBufferLifecycle {
   // timeline_mu_.
   mutable Mutex mu_ MPS_ACQUIRED_BEFORE(timeline_mu_);
   bool has_buffer_ MPS_GUARDED_BY(mu_) = false;
+  // Set when the buffer or encoder is handed out, cleared by a commit.
+  bool dirty_ MPS_GUARDED_BY(mu_) = false;
   Buffer buffer_ MPS_GUARDED_BY(mu_){};
   bool has_encoder_ MPS_GUARDED_BY(mu_) = false;
   Encoder encoder_ MPS_GUARDED_BY(mu_){};

@@ -1,0 +1,366 @@
+//  Copyright © 2026 Apple Inc.
+#pragma once
+
+// Portable bookkeeping of MPS events (torch.Event / torch.mps.Event) over any
+// stream. MPSEvent.mm binds it to MTLSharedEvent and MPSStream; the harness
+// binds it to the simulated runtime.
+
+#include <ATen/mps/MPSThreadAnnotations.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace at::mps {
+
+// Note [MPS event values]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A Metal shared event holds a 64-bit value that only rises: a signal or CPU
+// write with a smaller value changes nothing (METAL-SEMANTICS §4). So an event
+// never rewinds. Each record() takes the next value of the event's own
+// counter, which keeps counting across reuse from the pool; "not recorded" is
+// a separate state, not value 0. (v2.9.1 wrote signaledValue = 0 when an event
+// moved to another stream; Metal ignores that write, so the reused event
+// looked already signalled and waits were skipped.)
+//
+// record(stream) signals on the stream it is given, and wait(stream) encodes a
+// GPU-side wait on the stream it is given, whatever stream the event was made
+// with. Before encoding a wait, the recording stream is committed, so the
+// waiting queue can never block on a signal that sits in an uncommitted
+// buffer. Re-recording replaces the captured work, as in CUDA.
+//
+// Notification callbacks (timing, synchronize) hold only the event's shared
+// completion state, never the event, so a callback that fires after the event
+// went back to the pool touches nothing that was released.
+//
+// Backend must provide:
+//   using Stream; using Handle;                 (Handle is the shared event)
+//   Handle makeEvent();
+//   uint64_t signaledValue(const Handle&);
+//   void encodeSignal(Stream&, const Handle&, uint64_t value);
+//   void encodeWait(Stream&, const Handle&, uint64_t value);
+//   void commit(Stream&);                       synchronize(COMMIT)
+//   void notify(const Handle&, uint64_t value, std::function<void()>);
+//   uint64_t nowNs();
+// Each encode/commit enters the stream's serial section itself.
+template <typename Backend>
+class StreamEvent {
+ public:
+  using Stream = typename Backend::Stream;
+  using Handle = typename Backend::Handle;
+
+  StreamEvent(Backend* backend, uint64_t id, bool enable_timing)
+      : backend_(backend),
+        id_(id),
+        handle_(backend->makeEvent()),
+        timing_(enable_timing),
+        state_(std::make_shared<Completion>()) {}
+
+  // Written only by resetForReuse(), while the pool owns the event alone.
+  uint64_t id() const {
+    return id_;
+  }
+
+  // Signals this event on `stream` after the work submitted to it so far.
+  void record(Stream& stream, bool commit) MPS_EXCLUDES(mu_) {
+    uint64_t value = 0;
+    bool timing = false;
+    {
+      MutexLock lock(mu_);
+      value = ++counter_;
+      timing = timing_;
+    }
+    backend_->encodeSignal(stream, handle_, value);
+    if (timing) {
+      notifyCompletion(value, /*record_time=*/true);
+    }
+    {
+      MutexLock lock(mu_);
+      if (value > recorded_) {
+        recorded_ = value;
+        recorded_stream_ = &stream;
+      }
+    }
+    if (commit) {
+      backend_->commit(stream);
+    }
+  }
+
+  // Makes later work on `stream` wait (on the GPU) for the recorded work.
+  // Returns false when there is nothing to wait for.
+  bool wait(Stream& stream, bool commit) MPS_EXCLUDES(mu_) {
+    uint64_t value = 0;
+    Stream* producer = nullptr;
+    {
+      MutexLock lock(mu_);
+      value = recorded_;
+      producer = recorded_stream_;
+    }
+    if (value == 0 || backend_->signaledValue(handle_) >= value) {
+      return false;
+    }
+    if (producer != &stream) {
+      backend_->commit(*producer);
+    }
+    backend_->encodeWait(stream, handle_, value);
+    if (commit) {
+      backend_->commit(stream);
+    }
+    return true;
+  }
+
+  // True once the recorded work has completed; false if never recorded
+  // (as v2.9.1's torch.mps.Event.query()).
+  bool query() const MPS_EXCLUDES(mu_) {
+    uint64_t value = 0;
+    {
+      MutexLock lock(mu_);
+      value = recorded_;
+    }
+    return value != 0 && backend_->signaledValue(handle_) >= value;
+  }
+
+  // Blocks the calling thread until the recorded work has completed.
+  void synchronize() MPS_EXCLUDES(mu_) {
+    uint64_t value = 0;
+    Stream* producer = nullptr;
+    {
+      MutexLock lock(mu_);
+      value = recorded_;
+      producer = recorded_stream_;
+    }
+    if (value == 0 || backend_->signaledValue(handle_) >= value) {
+      return;
+    }
+    backend_->commit(*producer);
+    notifyCompletion(value, /*record_time=*/false);
+    // Whether Metal notifies a listener registered after the value was
+    // reached is not documented, so the value is polled as well.
+    std::shared_ptr<Completion> state = completion();
+    while (!state->waitFor(value, std::chrono::milliseconds(2))) {
+      if (backend_->signaledValue(handle_) >= value) {
+        return;
+      }
+    }
+  }
+
+  // Milliseconds between the completion of `start`'s and this event's
+  // recorded work. Both must have been made with enable_timing.
+  double elapsedMsSince(StreamEvent& start) {
+    TORCH_CHECK(
+        start.timingEnabled() && timingEnabled(),
+        "Events were not created with argument 'enable_timing=True'");
+    start.synchronize();
+    synchronize();
+    const uint64_t t0 = start.completionTimeNs();
+    const uint64_t t1 = completionTimeNs();
+    TORCH_CHECK(
+        t0 > 0 && t1 > 0,
+        "Both events must be recorded before calculating elapsed time.");
+    TORCH_CHECK(
+        t1 >= t0,
+        "End event ",
+        id_,
+        " was not recorded after start event ",
+        start.id_);
+    return static_cast<double>(t1 - t0) * 1e-6;
+  }
+
+  // Makes the event look new to its next owner; never touches the Metal
+  // value (see Note [MPS event values]).
+  void resetForReuse(uint64_t id, bool enable_timing) MPS_EXCLUDES(mu_) {
+    id_ = id;
+    MutexLock lock(mu_);
+    recorded_ = 0;
+    recorded_stream_ = nullptr;
+    timing_ = enable_timing;
+    state_ = std::make_shared<Completion>();
+  }
+
+  bool timingEnabled() const MPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return timing_;
+  }
+
+  // Completion time of the last recorded value, 0 if not known yet.
+  uint64_t completionTimeNs() const MPS_EXCLUDES(mu_) {
+    uint64_t value = 0;
+    {
+      MutexLock lock(mu_);
+      value = recorded_;
+    }
+    return completion()->timeOf(value);
+  }
+
+  const Handle& handle() const {
+    return handle_;
+  }
+
+ private:
+  // Shared with notification callbacks; outlives the event if needed.
+  class Completion {
+   public:
+    void reached(uint64_t value, uint64_t time_ns) MPS_EXCLUDES(mu_) {
+      MutexLock lock(mu_);
+      if (value > reached_) {
+        reached_ = value;
+      }
+      if (time_ns != 0) {
+        times_[value] = time_ns;
+      }
+      cv_.notifyAll();
+    }
+    // False if `timeout` passed first.
+    bool waitFor(uint64_t value, std::chrono::nanoseconds timeout)
+        MPS_EXCLUDES(mu_) {
+      MutexLock lock(mu_);
+      return cv_.waitFor(
+          mu_, timeout, [&]() MPS_REQUIRES(mu_) { return reached_ >= value; });
+    }
+    uint64_t timeOf(uint64_t value) const MPS_EXCLUDES(mu_) {
+      MutexLock lock(mu_);
+      auto it = times_.find(value);
+      return it == times_.end() ? 0 : it->second;
+    }
+
+   private:
+    mutable Mutex mu_;
+    CondVar cv_;
+    uint64_t reached_ MPS_GUARDED_BY(mu_) = 0;
+    std::map<uint64_t, uint64_t> times_ MPS_GUARDED_BY(mu_);
+  };
+
+  std::shared_ptr<Completion> completion() const MPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return state_;
+  }
+
+  void notifyCompletion(uint64_t value, bool record_time) MPS_EXCLUDES(mu_) {
+    std::shared_ptr<Completion> state = completion();
+    Backend* backend = backend_;
+    backend_->notify(handle_, value, [state, value, record_time, backend]() {
+      state->reached(value, record_time ? backend->nowNs() : 0);
+    });
+  }
+
+  Backend* const backend_;
+  uint64_t id_;
+  const Handle handle_;
+
+  mutable Mutex mu_;
+  uint64_t counter_ MPS_GUARDED_BY(mu_) = 0;
+  uint64_t recorded_ MPS_GUARDED_BY(mu_) = 0; // 0: not recorded
+  Stream* recorded_stream_ MPS_GUARDED_BY(mu_) = nullptr;
+  bool timing_ MPS_GUARDED_BY(mu_);
+  std::shared_ptr<Completion> state_ MPS_GUARDED_BY(mu_);
+};
+
+// Note [MPS event pool]
+// ~~~~~~~~~~~~~~~~~~~~~
+// Events are handed to Python and to c10::Event as integer ids. Every
+// operation looks the id up and holds a shared_ptr to the event while it
+// works, so a concurrent release cannot free it underneath; the event goes
+// back to the free list when the last holder lets go. Ids are never reused.
+template <typename Backend>
+class StreamEventPool {
+ public:
+  using Event = StreamEvent<Backend>;
+
+  explicit StreamEventPool(Backend* backend)
+      : backend_(backend), free_(std::make_shared<FreeList>()) {}
+
+  uint64_t acquire(bool enable_timing) MPS_EXCLUDES(mu_) {
+    std::unique_ptr<Event> event = free_->pop();
+    MutexLock lock(mu_);
+    const uint64_t id = ++next_id_;
+    if (event) {
+      event->resetForReuse(id, enable_timing);
+    } else {
+      event = std::make_unique<Event>(backend_, id, enable_timing);
+    }
+    std::shared_ptr<FreeList> free_list = free_;
+    in_use_.emplace(
+        id, std::shared_ptr<Event>(event.release(), [free_list](Event* e) {
+          free_list->push(std::unique_ptr<Event>(e));
+        }));
+    return id;
+  }
+
+  void release(uint64_t id) MPS_EXCLUDES(mu_) {
+    std::shared_ptr<Event> event;
+    {
+      MutexLock lock(mu_);
+      auto it = in_use_.find(id);
+      TORCH_CHECK(it != in_use_.end(), "Invalid MPS event id: event_id=", id);
+      event = std::move(it->second);
+      in_use_.erase(it);
+    }
+    // `event` drops here, outside the lock: the last holder returns it.
+  }
+
+  std::shared_ptr<Event> get(uint64_t id) const MPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    auto it = in_use_.find(id);
+    TORCH_CHECK(it != in_use_.end(), "Invalid MPS event id: event_id=", id);
+    return it->second;
+  }
+
+  size_t inUse() const MPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return in_use_.size();
+  }
+  size_t cached() const {
+    return free_->size();
+  }
+  void emptyCache() {
+    free_->clear();
+  }
+
+ private:
+  class FreeList {
+   public:
+    void push(std::unique_ptr<Event> e) MPS_EXCLUDES(mu_) {
+      MutexLock lock(mu_);
+      events_.push_back(std::move(e));
+    }
+    std::unique_ptr<Event> pop() MPS_EXCLUDES(mu_) {
+      MutexLock lock(mu_);
+      if (events_.empty()) {
+        return nullptr;
+      }
+      auto e = std::move(events_.back());
+      events_.pop_back();
+      return e;
+    }
+    size_t size() const MPS_EXCLUDES(mu_) {
+      MutexLock lock(mu_);
+      return events_.size();
+    }
+    void clear() MPS_EXCLUDES(mu_) {
+      std::vector<std::unique_ptr<Event>> dropped;
+      {
+        MutexLock lock(mu_);
+        dropped.swap(events_);
+      }
+    }
+
+   private:
+    mutable Mutex mu_;
+    std::vector<std::unique_ptr<Event>> events_ MPS_GUARDED_BY(mu_);
+  };
+
+  Backend* const backend_;
+  const std::shared_ptr<FreeList> free_;
+  mutable Mutex mu_;
+  uint64_t next_id_ MPS_GUARDED_BY(mu_) = 0;
+  std::unordered_map<uint64_t, std::shared_ptr<Event>> in_use_
+      MPS_GUARDED_BY(mu_);
+};
+
+} // namespace at::mps

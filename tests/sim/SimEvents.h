@@ -1,0 +1,59 @@
+#pragma once
+
+// StreamEvent backend on the simulator: what MPSEvent.mm does with
+// MTLSharedEvent and MPSStream.
+
+#include "SimStream.h"
+
+#include <ATen/mps/MPSEventCore.h>
+
+#include <chrono>
+
+namespace sim {
+
+class SimEventBackend {
+ public:
+  using Stream = SimStream;
+  using Handle = SharedEventPtr;
+
+  explicit SimEventBackend(Device& device) : device_(device) {}
+
+  Handle makeEvent() {
+    return device_.newSharedEvent();
+  }
+  uint64_t signaledValue(const Handle& h) {
+    return h->signaledValue();
+  }
+  // Event commands go between passes, so the open encoder ends first.
+  void encodeSignal(Stream& s, const Handle& h, uint64_t value) {
+    s.serial([&](Lifecycle& lc) {
+      lc.endKernelCoalescing();
+      lc.commandBuffer()->encodeSignal(h, value);
+    });
+  }
+  void encodeWait(Stream& s, const Handle& h, uint64_t value) {
+    s.serial([&](Lifecycle& lc) {
+      lc.endKernelCoalescing();
+      lc.commandBuffer()->encodeWait(h, value);
+    });
+  }
+  void commit(Stream& s) {
+    s.synchronize(at::mps::SyncType::COMMIT);
+  }
+  void notify(const Handle& h, uint64_t value, std::function<void()> fn) {
+    h->notifyListener(value, [fn = std::move(fn)](uint64_t) { fn(); });
+  }
+  uint64_t nowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+ private:
+  Device& device_;
+};
+
+using SimEvent = at::mps::StreamEvent<SimEventBackend>;
+using SimEventPool = at::mps::StreamEventPool<SimEventBackend>;
+
+} // namespace sim
