@@ -21,6 +21,7 @@ class SimEventBackend {
   Handle makeEvent() {
     return device_.newSharedEvent();
   }
+  void releaseEvent(const Handle&) {} // shared ownership in the simulator
   uint64_t signaledValue(const Handle& h) {
     return h->signaledValue();
   }

@@ -41,7 +41,8 @@ namespace at::mps {
 //
 // Backend must provide:
 //   using Stream; using Handle;                 (Handle is the shared event)
-//   Handle makeEvent();
+//   Handle makeEvent();                        owned by the event
+//   void releaseEvent(const Handle&);
 //   uint64_t signaledValue(const Handle&);
 //   void encodeSignal(Stream&, const Handle&, uint64_t value);
 //   void encodeWait(Stream&, const Handle&, uint64_t value);
@@ -66,6 +67,12 @@ class StreamEvent {
   uint64_t id() const {
     return id_;
   }
+
+  ~StreamEvent() {
+    backend_->releaseEvent(handle_);
+  }
+  StreamEvent(const StreamEvent&) = delete;
+  StreamEvent& operator=(const StreamEvent&) = delete;
 
   // Signals this event on `stream` after the work submitted to it so far.
   void record(Stream& stream, bool commit) MPS_EXCLUDES(mu_) {
