@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Regenerates the cumulative patch from the overlay as committed in HEAD (so
+# uncommitted overlay edits in the working tree never leak into it) and
+# writes it into the working tree's patches/.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+wt=$(mktemp -d)
+trap 'git -C "$root" worktree remove --force "$wt" >/dev/null 2>&1 || true' EXIT
+git -C "$root" worktree add --detach -q "$wt" HEAD
+"$wt/scripts/regenerate_cumulative_patch.sh" >/dev/null
+cp "$wt/patches/cumulative-v2.9.1-to-mps-stream-pool.patch" "$root/patches/"
+echo "patches/cumulative-v2.9.1-to-mps-stream-pool.patch regenerated from HEAD's overlay"
