@@ -219,19 +219,17 @@ void CommandBuffer::commit() {
   queue_->submit(std::move(root));
 }
 
+// The old root is submitted before the new one is made: making it may block
+// at the in-flight cap, and the old root's work must not wait behind that.
 void CommandBuffer::commitAndContinue() {
-  RootPtr old_root;
-  {
-    EncodeScope scope(this);
-    std::lock_guard<std::mutex> lock(mu_);
-    requireOpen("commitAndContinue");
-    if (open_encoder_) {
-      queue_->device()->violation("commitAndContinue with an open encoder");
-    }
-    old_root = root_;
-    root_ = queue_->newRoot();
+  EncodeScope scope(this);
+  std::lock_guard<std::mutex> lock(mu_);
+  requireOpen("commitAndContinue");
+  if (open_encoder_) {
+    queue_->device()->violation("commitAndContinue with an open encoder");
   }
-  queue_->submit(std::move(old_root));
+  queue_->submit(root_);
+  root_ = queue_->newRoot();
 }
 
 void CommandBuffer::waitUntilCompleted() {

@@ -6,6 +6,7 @@
 #include "SimMetal.h"
 
 #include <ATen/mps/MPSCommandBufferLifecycle.h>
+#include <ATen/mps/MPSStreamDependencies.h>
 #include <ATen/mps/MPSStreamPool.h>
 
 #include <atomic>
@@ -24,6 +25,8 @@ struct SimOps {
   // Read by COMMIT_ADAPTIVE; stands in for the allocator's low watermark.
   std::shared_ptr<std::atomic<bool>> low_watermark =
       std::make_shared<std::atomic<bool>>(false);
+  // The stream's timeline event (Note [MPS cross-stream dependencies]).
+  SharedEventPtr timeline;
 
   Buffer makeBuffer(const Queue& queue) {
     return queue->makeCommandBuffer();
@@ -48,6 +51,9 @@ struct SimOps {
           handler(at::mps::CompletionStatus{s.ok, s.error});
         });
   }
+  void signalTimeline(const Buffer& buffer, uint64_t point) {
+    buffer->encodeSignal(timeline, point);
+  }
   void release(const Buffer&) {}
   bool lowWatermarkReached() const {
     return low_watermark->load();
@@ -56,7 +62,7 @@ struct SimOps {
 
 using Lifecycle = at::mps::CommandBufferLifecycle<SimOps>;
 
-class SimStream {
+class SimStream final : public at::mps::DependencyStream {
  public:
   SimStream(
       QueuePtr queue,
@@ -64,9 +70,9 @@ class SimStream {
       bool commit_and_continue)
       : index_(index),
         queue_(queue),
-        lifecycle_(SimOps{}, std::move(queue), commit_and_continue) {}
+        lifecycle_(makeOps(*queue), std::move(queue), commit_and_continue) {}
 
-  at::mps::StreamIndex index() const {
+  at::mps::StreamIndex index() const override {
     return index_;
   }
   Queue& queue() const {
@@ -84,7 +90,22 @@ class SimStream {
   // into (LifecycleTest.SyncOutsideTheSerialSectionBreaksAnEncoderInUse).
   template <typename Fn>
   decltype(auto) serial(Fn&& fn) {
-    std::lock_guard<std::recursive_mutex> lock(serial_);
+    // Flush requests run only when the outermost section is left, as a
+    // dispatch_async block waits for the queue to be free: never in the
+    // middle of an op that re-enters the section.
+    struct Exit {
+      SimStream* s;
+      ~Exit() {
+        if (--s->depth_ == 0) {
+          s->serviceFlushRequest();
+        }
+        s->serial_.unlock();
+        s->serviceFlushRequestIfFree(); // a request that raced the unlock
+      }
+    };
+    serial_.lock();
+    ++depth_;
+    Exit exit{this};
     return fn(lifecycle_);
   }
 
@@ -103,10 +124,74 @@ class SimStream {
     serial([&](Lifecycle& lc) { lc.addCompletedHandler(std::move(handler)); });
   }
 
+  // DependencyStream: what MPSStream implements with its timeline
+  // MTLSharedEvent and dispatch_async.
+  uint64_t openMark() const override {
+    return lifecycle_.openMark();
+  }
+  uint64_t committedMark() const override {
+    return lifecycle_.committedMark();
+  }
+  uint64_t completedMark() const override {
+    return lifecycle_.ops().timeline->signaledValue();
+  }
+  // Commits now if the serial section is free, else when it is next left.
+  void flushAsync() override {
+    flush_requested_.store(true, std::memory_order_seq_cst);
+    serviceFlushRequestIfFree();
+  }
+  void closePass() override {
+    serial([](Lifecycle& lc) { lc.endKernelCoalescing(); });
+  }
+  void encodeWait(DependencyStream& producer, uint64_t mark) override {
+    auto& p = static_cast<SimStream&>(producer);
+    // No encoder is open (closePass() ran); the wait joins the op's pass.
+    serial([&](Lifecycle& lc) {
+      lc.commandBuffer()->encodeWait(p.lifecycle_.ops().timeline, mark);
+    });
+  }
+  void waitCompleted(uint64_t mark) override {
+    const auto& timeline = lifecycle_.ops().timeline;
+    TORCH_CHECK(
+        timeline->waitFor(mark, queue_->device()->config().event_wait_timeout),
+        "simulated MPS stream ",
+        index_,
+        ": timed out waiting for mark ",
+        mark);
+  }
+
  private:
+  static SimOps makeOps(Queue& queue) {
+    SimOps ops;
+    ops.timeline = queue.device()->newSharedEvent();
+    return ops;
+  }
+  void serviceFlushRequest() {
+    if (flush_requested_.exchange(false, std::memory_order_seq_cst)) {
+      lifecycle_.synchronize(at::mps::SyncType::COMMIT);
+    }
+  }
+  void serviceFlushRequestIfFree() {
+    while (flush_requested_.load(std::memory_order_seq_cst) &&
+           serial_.try_lock()) {
+      // try_lock succeeds for a thread already inside (recursive mutex);
+      // only a free section may be flushed.
+      const bool free = depth_ == 0;
+      if (free) {
+        serviceFlushRequest();
+      }
+      serial_.unlock();
+      if (!free) {
+        return; // the holder services it on its way out
+      }
+    }
+  }
+
   const at::mps::StreamIndex index_;
   const QueuePtr queue_;
   std::recursive_mutex serial_;
+  int depth_ = 0; // nesting of serial(); only touched with serial_ held
+  std::atomic<bool> flush_requested_{false};
   Lifecycle lifecycle_;
 };
 

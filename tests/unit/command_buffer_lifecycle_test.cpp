@@ -325,6 +325,7 @@ struct ManualOps {
     std::lock_guard<std::mutex> l(st->mu);
     st->handlers[b].push_back(std::move(h));
   }
+  void signalTimeline(Buffer, uint64_t) {}
   void release(Buffer) {}
   bool lowWatermarkReached() {
     return false;

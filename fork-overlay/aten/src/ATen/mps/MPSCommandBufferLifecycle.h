@@ -76,6 +76,11 @@ TORCH_API bool resolveCommitAndContinue(
 // Completion handlers must not enter the stream's serial section: a thread
 // that waits (COMMIT_AND_WAIT) inside it would never see them finish.
 //
+// Separately, every pass that carried work ends with a GPU signal of the
+// stream's timeline event with the next pass mark (Ops::signalTimeline). A
+// pass ends when its encoder ends or at a commit. Other streams wait for
+// these marks; see Note [MPS cross-stream dependencies].
+//
 // Ops must provide:
 //   using Queue; using Buffer; using Encoder;   (copyable handles)
 //   Buffer makeBuffer(const Queue&);            new buffer, owned by caller
@@ -84,6 +89,8 @@ TORCH_API bool resolveCommitAndContinue(
 //   void commit(Buffer);
 //   void commitAndContinue(Buffer);             commits the root, stays open
 //   void addCompletedHandler(Buffer, CompletionHandler);  on the open root
+//   void signalTimeline(Buffer, uint64_t mark);   timeline signal, no
+//                                               encoder open
 //   void release(Buffer);
 //   bool lowWatermarkReached();                 for COMMIT_ADAPTIVE
 template <typename Ops>
@@ -118,13 +125,13 @@ class CommandBufferLifecycle {
   // commit (the caller is about to encode).
   Buffer commandBuffer() MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
-    dirty_ = true;
+    dirty_ = pass_has_work_ = true;
     return openBuffer();
   }
 
   Encoder commandEncoder() MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
-    dirty_ = true;
+    dirty_ = pass_has_work_ = true;
     if (!has_encoder_) {
       encoder_ = ops_.makeComputeEncoder(openBuffer());
       has_encoder_ = true;
@@ -208,6 +215,15 @@ class CommandBufferLifecycle {
     MutexLock lock(mu_);
     return dirty_;
   }
+  // The mark the open pass will signal when it ends. One load; stable while
+  // the caller holds the stream's serial section (passes end only there).
+  uint64_t openMark() const {
+    return open_mark_.load(std::memory_order_acquire);
+  }
+  // The last mark whose signal is in a committed command buffer.
+  uint64_t committedMark() const {
+    return committed_mark_.load(std::memory_order_acquire);
+  }
   uint64_t lastCommitPoint() const MPS_EXCLUDES(timeline_mu_) {
     MutexLock tl(timeline_mu_);
     return committed_;
@@ -237,6 +253,9 @@ class CommandBufferLifecycle {
   Ops& ops() {
     return ops_;
   }
+  const Ops& ops() const {
+    return ops_;
+  }
 
  private:
   Buffer openBuffer() MPS_REQUIRES(mu_) {
@@ -247,10 +266,17 @@ class CommandBufferLifecycle {
     return buffer_;
   }
 
+  // Ends the open pass: its encoder, and its mark if it carried work.
   void endEncoder() MPS_REQUIRES(mu_) {
     if (has_encoder_) {
       ops_.endEncoding(encoder_);
       has_encoder_ = false;
+    }
+    if (pass_has_work_) {
+      const uint64_t mark = open_mark_.load(std::memory_order_relaxed);
+      ops_.signalTimeline(buffer_, mark);
+      open_mark_.store(mark + 1, std::memory_order_release);
+      pass_has_work_ = false;
     }
   }
 
@@ -271,6 +297,10 @@ class CommandBufferLifecycle {
         buffer_, [this, point](const CompletionStatus& status) {
           markCompleted(point, status);
         });
+    // Callers end the pass first, so every signalled mark goes with it.
+    committed_mark_.store(
+        open_mark_.load(std::memory_order_relaxed) - 1,
+        std::memory_order_release);
     if (keep_open) {
       ops_.commitAndContinue(buffer_);
     } else {
@@ -325,6 +355,11 @@ class CommandBufferLifecycle {
   bool has_buffer_ MPS_GUARDED_BY(mu_) = false;
   // Set when the buffer or encoder is handed out, cleared by a commit.
   bool dirty_ MPS_GUARDED_BY(mu_) = false;
+  // Set with dirty_, cleared when the pass ends (and its mark is signalled).
+  bool pass_has_work_ MPS_GUARDED_BY(mu_) = false;
+  // Written under mu_, read without it.
+  std::atomic<uint64_t> open_mark_{1};
+  std::atomic<uint64_t> committed_mark_{0};
   Buffer buffer_ MPS_GUARDED_BY(mu_){};
   bool has_encoder_ MPS_GUARDED_BY(mu_) = false;
   Encoder encoder_ MPS_GUARDED_BY(mu_){};

@@ -1,0 +1,222 @@
+//  Copyright © 2026 Apple Inc.
+
+#include <ATen/mps/MPSStreamDependencies.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace at::mps {
+
+namespace {
+
+constexpr uint64_t pack(StreamIndex stream, uint64_t point) {
+  return point * kStreamsPerPool + static_cast<uint64_t>(stream);
+}
+constexpr StreamIndex streamOf(uint64_t packed) {
+  return static_cast<StreamIndex>(packed % kStreamsPerPool);
+}
+constexpr uint64_t pointOf(uint64_t packed) {
+  return packed / kStreamsPerPool;
+}
+
+// BufferUses::sole_user_ holds (stream + 1), plus this bit once that stream
+// has written the buffer during its sole-use period.
+constexpr uint32_t kWroteBit = 1u << 8;
+constexpr uint32_t kOwnerMask = kWroteBit - 1;
+static_assert(kStreamsPerPool < kWroteBit, "owner must fit below kWroteBit");
+
+} // namespace
+
+DependencyTracker::DependencyTracker() {
+  for (auto& w : waiting_on_) {
+    w.store(-1, std::memory_order_relaxed);
+  }
+}
+
+void DependencyTracker::registerStream(DependencyStream& stream) {
+  streams_.at(stream.index()).store(&stream, std::memory_order_release);
+}
+
+void DependencyTracker::reset(BufferUses& buffer) {
+  MutexLock lock(buffer.mu_);
+  buffer.sole_user_.store(0, std::memory_order_seq_cst);
+  buffer.last_write_ = 0;
+  buffer.reads_.fill(0);
+}
+
+void DependencyTracker::use(
+    DependencyStream& consumer,
+    const std::vector<Use>& uses,
+    UseSite site) {
+  const StreamIndex me = consumer.index();
+  if (site == UseSite::kBeforeEncoding) {
+    consumer.closePass(); // the op's work gets a mark of its own
+  }
+  const uint64_t mark = consumer.openMark();
+  std::vector<Need> needs;
+  for (const Use& u : uses) {
+    record(me, mark, *u.buffer, u.access, site, needs);
+  }
+  // Resolve outside the buffers' locks: waiting here must never block another
+  // stream that only wants to record a use. One wait per producer suffices.
+  std::sort(needs.begin(), needs.end(), [](const Need& a, const Need& b) {
+    return a.stream != b.stream ? a.stream < b.stream : a.point > b.point;
+  });
+  for (size_t i = 0; i < needs.size(); ++i) {
+    if (i == 0 || needs[i].stream != needs[i - 1].stream) {
+      resolve(consumer, needs[i], site);
+    }
+  }
+}
+
+void DependencyTracker::record(
+    StreamIndex me,
+    uint64_t point,
+    BufferUses& buffer,
+    Access access,
+    UseSite site,
+    std::vector<Need>& needs) {
+  const uint32_t owner = static_cast<uint32_t>(me) + 1;
+
+  // Fast path: only this stream has used the buffer (see the Note). The
+  // mark is published before the owner word is checked again, so a slow
+  // path on another stream that takes the buffer over either sees the mark
+  // or makes this call fall through to the slow path.
+  const uint32_t seen = buffer.sole_user_.load(std::memory_order_seq_cst);
+  if (site != UseSite::kHost && (seen & kOwnerMask) == owner &&
+      (access == Access::kRead || (seen & kWroteBit))) {
+    buffer.sole_point_.store(point, std::memory_order_seq_cst);
+    if (buffer.sole_user_.load(std::memory_order_seq_cst) == seen) {
+      return;
+    }
+  }
+
+  MutexLock lock(buffer.mu_);
+  // Fold the sole-use period into the records.
+  const uint32_t sole =
+      buffer.sole_user_.exchange(0, std::memory_order_seq_cst);
+  if (sole != 0) {
+    const StreamIndex s = static_cast<StreamIndex>((sole & kOwnerMask) - 1);
+    const uint64_t p = buffer.sole_point_.load(std::memory_order_seq_cst);
+    if (sole & kWroteBit) {
+      buffer.last_write_ = pack(s, p);
+      buffer.reads_.fill(0);
+    } else {
+      buffer.reads_[s] = std::max(buffer.reads_[s], p);
+    }
+  }
+
+  auto need = [&](StreamIndex s, uint64_t p) {
+    DependencyStream* producer = streams_[s].load(std::memory_order_acquire);
+    TORCH_INTERNAL_ASSERT(producer != nullptr, "unregistered MPS stream ", s);
+    if (producer->completedMark() < p) {
+      needs.push_back({s, p});
+    }
+  };
+  // The CPU is no stream: a host use waits for the consumer's own work too.
+  const StreamIndex self = site == UseSite::kHost ? -1 : me;
+  if (buffer.last_write_ != 0 && streamOf(buffer.last_write_) != self) {
+    need(streamOf(buffer.last_write_), pointOf(buffer.last_write_));
+  }
+  if (access == Access::kWrite) {
+    for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+      if (s != self && buffer.reads_[s] != 0) {
+        need(s, buffer.reads_[s]);
+      }
+    }
+  }
+
+  // Record this use. Host uses are not stream work: they only wait.
+  if (site != UseSite::kHost) {
+    if (access == Access::kWrite) {
+      buffer.last_write_ = pack(me, point);
+      buffer.reads_.fill(0);
+    } else {
+      buffer.reads_[me] = std::max(buffer.reads_[me], point);
+    }
+    const bool writer_is_me =
+        buffer.last_write_ == 0 || streamOf(buffer.last_write_) == me;
+    bool others_read = false;
+    for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+      others_read |= s != me && buffer.reads_[s] != 0;
+    }
+    if (writer_is_me && !others_read) {
+      // Hand the buffer to the fast path, records folded into the word.
+      const bool wrote = buffer.last_write_ != 0;
+      buffer.sole_point_.store(
+          std::max(buffer.reads_[me], pointOf(buffer.last_write_)),
+          std::memory_order_seq_cst);
+      buffer.last_write_ = 0;
+      buffer.reads_[me] = 0;
+      buffer.sole_user_.store(
+          owner | (wrote ? kWroteBit : 0), std::memory_order_seq_cst);
+    }
+  }
+}
+
+void DependencyTracker::resolve(
+    DependencyStream& consumer,
+    const Need& need,
+    UseSite site) {
+  DependencyStream& producer =
+      *streams_[need.stream].load(std::memory_order_acquire);
+  if (producer.completedMark() >= need.point) {
+    return;
+  }
+  if (producer.committedMark() < need.point) {
+    producer.flushAsync();
+  }
+  switch (site) {
+    case UseSite::kBeforeEncoding:
+      consumer.encodeWait(producer, need.point);
+      gpu_waits_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    case UseSite::kInPass:
+      waitInPass(consumer, producer, need.point);
+      return;
+    case UseSite::kHost:
+      producer.waitCompleted(need.point);
+      cpu_waits_.fetch_add(1, std::memory_order_relaxed);
+      return;
+  }
+}
+
+void DependencyTracker::waitInPass(
+    DependencyStream& consumer,
+    DependencyStream& producer,
+    uint64_t point) {
+  const StreamIndex me = consumer.index();
+  waiting_on_[me].store(producer.index(), std::memory_order_seq_cst);
+  // Follow the waits-for chain: if it leads back here, both passes need each
+  // other's open work and no order exists without splitting a pass.
+  StreamIndex s = producer.index();
+  for (int hops = 0; hops < kStreamsPerPool && s >= 0; ++hops) {
+    if (s == me) {
+      waiting_on_[me].store(-1, std::memory_order_seq_cst);
+      TORCH_CHECK(
+          false,
+          "MPS stream ",
+          me,
+          " and stream ",
+          producer.index(),
+          " are each encoding a kernel that reads a buffer the other one is "
+          "still writing in its open pass, so neither can go first. Order "
+          "the two threads (torch.mps.synchronize(), an Event, or "
+          "Stream.wait_stream) or let one finish before the other uses its "
+          "outputs. See reports/cross-stream-contract.md.");
+    }
+    s = waiting_on_[s].load(std::memory_order_seq_cst);
+  }
+  try {
+    producer.waitCompleted(point);
+  } catch (...) {
+    waiting_on_[me].store(-1, std::memory_order_seq_cst);
+    throw;
+  }
+  waiting_on_[me].store(-1, std::memory_order_seq_cst);
+  cpu_waits_.fetch_add(1, std::memory_order_relaxed);
+}
+
+} // namespace at::mps

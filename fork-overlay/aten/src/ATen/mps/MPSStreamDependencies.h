@@ -1,0 +1,180 @@
+//  Copyright © 2026 Apple Inc.
+#pragma once
+
+// Portable cross-stream dependency tracking for MPS buffers.
+
+#include <ATen/mps/MPSStreamPool.h>
+#include <ATen/mps/MPSThreadAnnotations.h>
+#include <c10/macros/Export.h>
+#include <c10/macros/Macros.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+namespace at::mps {
+
+// Note [MPS cross-stream dependencies]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With one command queue per stream, GPU work on two streams is unordered.
+// PyTorch code that hands tensors between threads expects the values a
+// single queue would give, so every use of a buffer is ordered after the
+// conflicting uses before it on other streams (read after write, write after
+// read, write after write), without the user adding synchronisation.
+//
+// Marks. Every pass of a stream that carried work ends with a GPU signal of
+// the stream's timeline event with the pass's mark, 1, 2, 3, ... (see
+// Note [MPS command buffer lifecycle]). Work encoded in the open pass is "at"
+// the open mark; it has finished once the timeline event reaches that mark.
+// Marks are per pass, not per command buffer, on purpose: a wait then always
+// targets a signal placed right after the producing pass and before any wait
+// the producer encodes later, so waits can never form a cycle on the GPU.
+//
+// Record. Each buffer remembers the last write (stream, mark) and, per
+// stream, the last read since that write. A use by stream C:
+//   - depends on the last write if another stream made it (RAW), and, for a
+//     write, on the reads of other streams too (WAR) and on the last write
+//     (WAW) -- each only while not yet completed;
+//   - then replaces what it dominates: a write becomes the only record (it is
+//     ordered after everything recorded before it); a read joins the reads.
+// The fast path is a buffer used only by the calling stream: one load of the
+// owner word, one compare, one store of the mark.
+//
+// Resolution, by where the use is made (UseSite):
+//   kBeforeEncoding: the consumer is in its serial section and the op holds
+//     no encoder yet (graph ops at encode time, copies). The consumer's open
+//     pass is ended first, so the use gets a fresh mark, then a GPU-side wait
+//     for the producer's mark is encoded on the consumer: the CPU never
+//     blocks.
+//   kInPass: the op already holds a compute encoder (custom Metal kernels
+//     binding buffers). No event wait can be encoded inside a pass, so the
+//     calling thread waits on the CPU until the producer's mark completes.
+//   kHost: the CPU itself reads or writes the memory (device-to-host copies);
+//     it waits for the producer's mark only, never for the whole device.
+//
+// Progress. A mark can only complete once its signal is committed. The
+// tracker asks the producer to commit with flushAsync(), which never blocks:
+// it commits at once if the producer's serial section is free, else as soon
+// as it is left (dispatch_async in PyTorch). No stream ever blocks on another
+// stream's serial section, so there is no lock-order cycle. The one case with
+// no valid order is two kInPass uses that each need the other's still-open
+// pass; the tracker detects that cycle and raises an error naming both
+// streams instead of hanging (see reports/cross-stream-contract.md).
+
+enum class Access : uint8_t { kRead, kWrite };
+enum class UseSite : uint8_t { kBeforeEncoding, kInPass, kHost };
+
+// What the tracker needs from a stream.
+class DependencyStream {
+ public:
+  virtual ~DependencyStream() = default;
+  virtual StreamIndex index() const = 0;
+  // The mark of the open pass. Stable while the caller holds this stream's
+  // serial section.
+  virtual uint64_t openMark() const = 0;
+  // The last mark whose signal is committed, and the last one signalled.
+  virtual uint64_t committedMark() const = 0;
+  virtual uint64_t completedMark() const = 0;
+  // Commit the open work as soon as the serial section is free; never blocks.
+  virtual void flushAsync() = 0;
+  // In this stream's serial section, with no encoder held by the caller: end
+  // the open pass (signalling its mark if it carried work).
+  virtual void closePass() = 0;
+  // After closePass(), in the same serial section: make later work on this
+  // stream wait (on the GPU) until `producer` reaches `mark`. The wait joins
+  // the open pass; it must not end it.
+  virtual void encodeWait(DependencyStream& producer, uint64_t mark) = 0;
+  // Blocks the calling thread until this stream reaches `mark`.
+  virtual void waitCompleted(uint64_t mark) = 0;
+};
+
+// Per-buffer use record. Lives with the buffer (the allocator's block in
+// PyTorch); all members are private to the tracker.
+class TORCH_API BufferUses {
+ public:
+  BufferUses() = default;
+  BufferUses(const BufferUses&) = delete;
+  BufferUses& operator=(const BufferUses&) = delete;
+
+ private:
+  friend class DependencyTracker;
+  // Owner word for the fast path: (stream + 1) when every recorded use is by
+  // that one stream, else 0.
+  std::atomic<uint32_t> sole_user_{0};
+  // Latest mark of the sole user's uses.
+  std::atomic<uint64_t> sole_point_{0};
+  Mutex mu_;
+  // Packed as mark * kStreamsPerPool + stream; 0 means none.
+  uint64_t last_write_ MPS_GUARDED_BY(mu_) = 0;
+  std::array<uint64_t, kStreamsPerPool> reads_ MPS_GUARDED_BY(mu_){};
+};
+
+class TORCH_API DependencyTracker {
+ public:
+  DependencyTracker();
+
+  // Registers the stream of a pool slot (once, when it is created).
+  void registerStream(DependencyStream& stream);
+
+  struct Use {
+    BufferUses* buffer;
+    Access access;
+  };
+
+  // Orders the uses of one op after the conflicting uses recorded before
+  // them, then records them, all at one mark (the op's work is one pass).
+  // `consumer` is the stream whose work uses the buffers (for kHost, any
+  // stream: only the producers matter). The caller holds the consumer's
+  // serial section for kBeforeEncoding and kInPass.
+  void use(
+      DependencyStream& consumer,
+      const std::vector<Use>& uses,
+      UseSite site);
+  void use(
+      DependencyStream& consumer,
+      BufferUses& buffer,
+      Access access,
+      UseSite site) {
+    use(consumer, {{&buffer, access}}, site);
+  }
+
+  // Forgets a buffer's history (the allocator hands it out again only when
+  // its uses are complete; see Note [MPS allocator cross-stream reuse]).
+  static void reset(BufferUses& buffer);
+
+  // Waits observed so far, for tests and benchmarks.
+  uint64_t gpuWaits() const {
+    return gpu_waits_.load(std::memory_order_relaxed);
+  }
+  uint64_t cpuWaits() const {
+    return cpu_waits_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  struct Need {
+    StreamIndex stream;
+    uint64_t point;
+  };
+  // Records one use; appends what it must wait for to `needs`.
+  void record(
+      StreamIndex me,
+      uint64_t mark,
+      BufferUses& buffer,
+      Access access,
+      UseSite site,
+      std::vector<Need>& needs);
+  void resolve(DependencyStream& consumer, const Need& need, UseSite site);
+  void waitInPass(
+      DependencyStream& consumer,
+      DependencyStream& producer,
+      uint64_t point);
+
+  std::array<std::atomic<DependencyStream*>, kStreamsPerPool> streams_{};
+  // Which stream each in-pass waiter waits for (-1: none); for cycles.
+  std::array<std::atomic<int>, kStreamsPerPool> waiting_on_{};
+  std::atomic<uint64_t> gpu_waits_{0};
+  std::atomic<uint64_t> cpu_waits_{0};
+};
+
+} // namespace at::mps
