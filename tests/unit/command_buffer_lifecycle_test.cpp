@@ -380,4 +380,27 @@ TEST(LifecycleTimelineTest, DeferredHandlerSeesAnErrorOfTheWorkItCovers) {
   EXPECT_TORCH_ERROR(lc.waitForCommitPoint(1), "invalidResource");
 }
 
+TEST(LifecycleTimelineTest, TimelineHandlerWaitsForItsPointNotALaterBuffer) {
+  ManualOps ops;
+  auto st = ops.st;
+  at::mps::CommandBufferLifecycle<ManualOps> lc(ops, 0, false);
+  std::vector<int> fired;
+  lc.commandBuffer();
+  lc.synchronize(SyncType::COMMIT); // point 1
+  lc.addTimelineHandler(
+      1, [&](const CompletionStatus&) { fired.push_back(1); });
+  lc.commandBuffer(); // point 2, still open
+  lc.addTimelineHandler(
+      2, [&](const CompletionStatus&) { fired.push_back(2); });
+  lc.synchronize(SyncType::COMMIT);
+  ManualOps driver{st};
+  driver.complete(2); // a later buffer completing first proves nothing
+  EXPECT_TRUE(fired.empty());
+  driver.complete(1);
+  EXPECT_THAT(fired, ElementsAre(1, 2));
+  lc.addTimelineHandler(
+      2, [&](const CompletionStatus&) { fired.push_back(3); });
+  EXPECT_THAT(fired, ElementsAre(1, 2, 3)); // already reached: inline
+}
+
 } // namespace

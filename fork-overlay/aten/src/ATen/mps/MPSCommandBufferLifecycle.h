@@ -196,6 +196,23 @@ class CommandBufferLifecycle {
     handler(CompletionStatus{}); // everything submitted has completed
   }
 
+  // Runs `handler` once commit point `point` has completed (the timeline
+  // reached it): inline if it has, else from the completion that gets it
+  // there. Unlike addCompletedHandler() it touches no command buffer, so any
+  // thread may call it outside the serial section, and the completion of a
+  // later buffer alone never triggers it.
+  void addTimelineHandler(uint64_t point, CompletionHandler handler)
+      MPS_EXCLUDES(timeline_mu_) {
+    {
+      MutexLock tl(timeline_mu_);
+      if (completed_ < point) {
+        deferred_[point].push_back(std::move(handler));
+        return;
+      }
+    }
+    handler(CompletionStatus{});
+  }
+
   bool commitAndContinueEnabled() const {
     return commit_and_continue_;
   }
