@@ -1,0 +1,801 @@
+# Owner(s): ["module: mps"]
+r"""Tests for running MPS work from many threads at once (the MPS stream pool).
+
+Every thread other than the main thread leases its own MPS stream, so these
+tests run models from many threads and compare every value with a CPU
+reference, hand tensors between threads without synchronizing, switch streams
+through ``torch.mps``, ``torch.Stream``, ``torch.Event`` and
+``torch.accelerator``, and check each ``MPS_STREAM_POOL_WAIT_TIMEOUT_MS`` mode,
+``MPS_FORCE_GRAPH_PATH`` and the fork-child error in subprocesses (the pool
+reads its environment once per process).
+
+Run with ``python test/test_mps_parallel.py``. Without MPS every test is
+skipped. The test classes take the device from their ``device`` attribute, so
+the thread handling of the tests that need no stream API can also be checked
+on CPU; the subprocess scenarios are started with
+``python test_mps_parallel.py --mps-child SCENARIO ...``.
+"""
+
+import argparse
+import copy
+import json
+import multiprocessing
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import unittest
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+try:
+    from torch.testing._internal.common_utils import run_tests, TestCase
+except ImportError:  # torch's test internals are absent (e.g. no expecttest): plain unittest
+
+    class TestCase(unittest.TestCase):
+        def assertEqual(self, actual, expected, msg=None, *, atol=None, rtol=None):
+            if atol is not None or isinstance(actual, (torch.Tensor, list, tuple)):
+                torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, check_device=False, msg=msg)
+            else:
+                super().assertEqual(actual, expected, msg)
+
+    run_tests = unittest.main
+
+
+TEST_MPS = torch.backends.mps.is_available()
+# torch.mps.release_current_thread_slot comes with the stream pool.
+TEST_STREAM_POOL = TEST_MPS and hasattr(torch.mps, "release_current_thread_slot")
+
+# Worker streams of the pool: all slots but the default stream's; see
+# Note [MPS stream pool] in aten/src/ATen/mps/MPSStreamPool.h.
+WORKER_STREAMS = 31
+POOL_ENV = "MPS_STREAM_POOL_WAIT_TIMEOUT_MS"
+GRAPH_ENV = "MPS_FORCE_GRAPH_PATH"
+CHILD_FLAG = "--mps-child"
+TIMEOUT = 300  # seconds; a hang fails the test instead of blocking the suite
+
+
+# ------------------------------------------------------------------ helpers
+
+class _Threads:
+    r"""Runs ``fn(i)`` for ``i in range(n)``, one new thread each.
+
+    If a thread raises, ``barrier`` (if given) is aborted so that the other
+    threads do not wait for it forever.
+    """
+
+    def __init__(self, fn, n, barrier=None):
+        self.results = [None] * n
+        self.errors = []
+        self._barrier = barrier
+
+        def body(i):
+            try:
+                self.results[i] = fn(i)
+            except BaseException as exc:
+                self.errors.append((i, exc, traceback.format_exc()))
+                if self._barrier is not None:
+                    self._barrier.abort()
+
+        self._threads = [threading.Thread(target=body, args=(i,), name=f"mps-parallel-{i}", daemon=True)
+                         for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def join(self, timeout=TIMEOUT):
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        hung = [t.name for t in self._threads if t.is_alive()]
+        if hung:
+            raise AssertionError(f"threads still running after {timeout} s: {hung}")
+        if self.errors:
+            i, exc, tb = min(self.errors, key=lambda e: e[0])
+            raise AssertionError(f"thread {i} failed:\n{tb}") from exc
+        return self.results
+
+
+def _run_threads(fn, n, barrier=None):
+    return _Threads(fn, n, barrier).join()
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    return type(value)(_to_cpu(v) for v in value)
+
+
+def _probe(device, i):
+    r"""A few ops on the calling thread's current stream; True if the result is right."""
+    x = torch.full((256,), float(i), device=device)
+    return (x * 2 + 1).sum().item() == 256 * (2 * i + 1)
+
+
+def _probe_outcome(device, i):
+    r"""``"ok"``, ``"wrong value"``, or the message of the error the probe raised."""
+    try:
+        return "ok" if _probe(device, i) else "wrong value"
+    except RuntimeError as exc:
+        return str(exc)
+
+
+def _release_slot(device):
+    if device == "mps":
+        torch.mps.release_current_thread_slot()
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=True)
+
+
+# name: (model factory, shape of one input, atol, rtol)
+MODELS = {
+    "linear": (lambda: nn.Linear(256, 128), (4, 256), 1e-4, 1e-4),
+    "mlp": (lambda: nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.GELU(),
+                                  nn.Linear(128, 10)), (8, 64), 1e-4, 1e-4),
+    "conv2d": (lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, stride=2)),
+               (2, 3, 16, 16), 1e-4, 1e-4),
+    "layer_norm": (lambda: nn.LayerNorm(64), (4, 16, 64), 1e-4, 1e-4),
+    "multihead_attention": (lambda: _SelfAttention(64, 4), (2, 10, 64), 2e-4, 2e-4),
+    "transformer_encoder_layer": (lambda: nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.0,
+                                                                     batch_first=True),
+                                  (2, 10, 64), 2e-4, 2e-4),
+}
+
+
+def _parallel_forward(name, num_threads, iters, device, seed=0):
+    r"""Runs model ``name`` from ``num_threads`` threads at once, each on its own inputs.
+
+    The model is built and moved to ``device`` on the calling thread and shared
+    by all threads. Each thread queues all of its forwards before it reads any
+    result back. Returns ``(actual, expected, atol, rtol)``: per-thread lists of
+    outputs on CPU, and the CPU model's outputs for the same inputs.
+    """
+    make_model, shape, atol, rtol = MODELS[name]
+    torch.manual_seed(seed)
+    model = make_model().eval()
+    inputs = [[torch.randn(shape) for _ in range(iters)] for _ in range(num_threads)]
+    with torch.no_grad():
+        expected = [[_to_cpu(model(x)) for x in xs] for xs in inputs]
+    dev_model = copy.deepcopy(model).to(device)
+    barrier = threading.Barrier(num_threads, timeout=TIMEOUT)
+
+    def work(t):
+        barrier.wait()
+        with torch.no_grad():  # grad mode is per thread
+            outs = [dev_model(x.to(device)) for x in inputs[t]]
+        return [_to_cpu(o) for o in outs]
+
+    return _run_threads(work, num_threads, barrier), expected, atol, rtol
+
+
+def _chain(x, w, steps):
+    r"""``steps`` dependent matmuls that all read ``x``: long enough to race with other streams."""
+    y = x
+    for _ in range(steps):
+        y = torch.tanh(y @ w + x)
+    return y
+
+
+# ----------------------------------------------------------------- test cases
+
+class _DeviceTestCase(TestCase):
+    r"""Runs on ``device``; skips when that is MPS and MPS is unavailable."""
+
+    device = "mps"
+    iters = 10
+
+    def setUp(self):
+        super().setUp()
+        if self.device == "mps" and not TEST_MPS:
+            self.skipTest("MPS is not available")
+
+
+class _StreamPoolTestCase(TestCase):
+    r"""Needs MPS and a PyTorch built with the MPS stream pool."""
+
+    device = "mps"
+
+    def setUp(self):
+        super().setUp()
+        if not TEST_STREAM_POOL:
+            self.skipTest("needs MPS and PyTorch built with the MPS stream pool")
+
+
+class TestMPSParallelForward(_DeviceTestCase):
+    def _check_parallel(self, name):
+        for num_threads in (2, 4, 8, 16):
+            with self.subTest(model=name, threads=num_threads):
+                actual, expected, atol, rtol = _parallel_forward(name, num_threads, self.iters, self.device,
+                                                                 seed=num_threads)
+                self.assertEqual(actual, expected, atol=atol, rtol=rtol)
+
+    def test_linear(self):
+        self._check_parallel("linear")
+
+    def test_mlp(self):
+        self._check_parallel("mlp")
+
+    def test_conv2d(self):
+        self._check_parallel("conv2d")
+
+    def test_layer_norm(self):
+        self._check_parallel("layer_norm")
+
+    def test_multihead_attention(self):
+        self._check_parallel("multihead_attention")
+
+    def test_transformer_encoder_layer(self):
+        self._check_parallel("transformer_encoder_layer")
+
+
+class TestMPSCrossThread(_DeviceTestCase):
+    r"""Tensors made on one thread and used on another, with no synchronization calls."""
+
+    busy_size = 2048  # of the matmuls that keep a stream busy while another thread acts
+
+    def test_pipeline_main_weights_worker_inputs_main_reads(self):
+        # Weights written on the main thread, inputs written by producer threads,
+        # consumed by other consumer threads, outputs read and reused on the main thread.
+        torch.manual_seed(0)
+        model = MODELS["mlp"][0]().eval()
+        dev_model = copy.deepcopy(model).to(self.device)
+        with torch.no_grad():  # a last write to every weight, queued on the main thread's stream
+            for p, dp in zip(model.parameters(), dev_model.parameters()):
+                p.mul_(0.5)
+                dp.mul_(0.5)
+        producers, consumers, per_producer = 4, 4, 8
+        raw = [torch.randn(8, 64) for _ in range(producers * per_producer)]
+        made, done = queue.Queue(), queue.Queue()
+
+        def produce(p):
+            for k in range(p, len(raw), producers):
+                made.put((k, raw[k].to(self.device) * 2 + 1))
+
+        def consume(c):
+            with torch.no_grad():
+                while True:
+                    item = made.get(timeout=TIMEOUT)
+                    if item is None:
+                        return
+                    k, x = item
+                    done.put((k, dev_model(x)))
+
+        consumer_threads = _Threads(consume, consumers)
+        _run_threads(produce, producers)  # producers exit before their outputs are consumed
+        for _ in range(consumers):
+            made.put(None)
+        consumer_threads.join()
+
+        outs = dict(done.get(timeout=TIMEOUT) for _ in raw)
+        with torch.no_grad():
+            ref = {k: model(x * 2 + 1) for k, x in enumerate(raw)}
+        for k in range(len(raw)):
+            y = outs[k]
+            self.assertEqual(y.cpu(), ref[k], atol=1e-4, rtol=1e-4)
+            self.assertEqual(y.sum().item(), ref[k].sum().item(), atol=1e-3, rtol=1e-4)
+        # Worker outputs fed into more ops on the main thread.
+        total = torch.stack([outs[k] for k in range(len(raw))]).relu().sum(0) * 3
+        expected = torch.stack([ref[k] for k in range(len(raw))]).relu().sum(0) * 3
+        self.assertEqual(total.cpu(), expected, atol=1e-3, rtol=1e-4)
+
+    def test_in_place_updates_across_threads(self):
+        # Each thread in turn updates the same tensor in place (write after write).
+        x_cpu = torch.randn(512, 512)
+        x = x_cpu.to(self.device, copy=True)
+
+        def update(_):
+            x.mul_(0.5).add_(1)
+
+        for _ in range(6):
+            _run_threads(update, 1)
+            x_cpu.mul_(0.5).add_(1)
+        self.assertEqual(x.cpu(), x_cpu)
+
+    def test_write_after_read_across_threads(self):
+        # The main thread queues a read of `a` behind long work; a worker then
+        # overwrites `a`. The read must still see the old contents.
+        torch.manual_seed(0)
+        a_cpu, w_cpu = torch.randn(512, 512), torch.randn(512, 512) / 23
+        a, w = a_cpu.to(self.device, copy=True), w_cpu.to(self.device)
+        big = (torch.randn(self.busy_size, self.busy_size) / self.busy_size ** 0.5).to(self.device)
+        _chain(big, big, 16)
+        b = a @ w
+        _run_threads(lambda _: a.zero_(), 1)
+        self.assertEqual(b.cpu(), a_cpu @ w_cpu, atol=1e-4, rtol=1e-4)
+        self.assertEqual(a.cpu(), torch.zeros(512, 512))
+
+    def test_outputs_of_exited_threads(self):
+        # Threads queue work and exit at once; the main thread reads the results.
+        torch.manual_seed(0)
+        w_cpu = torch.randn(256, 256) / 16
+        xs = [torch.randn(256, 256) for _ in range(12)]
+        w = w_cpu.to(self.device)
+        outs = _run_threads(lambda i: _chain(xs[i].to(self.device), w, 4), len(xs))
+        for out, x in zip(outs, xs):
+            self.assertEqual(out.cpu(), _chain(x, w_cpu, 4), atol=1e-4, rtol=1e-4)
+
+
+class TestMPSThreadChurn(_DeviceTestCase):
+    def test_many_short_lived_threads(self):
+        for wave in range(16):
+            ok = _run_threads(lambda i: _probe(self.device, wave * 16 + i), 16)
+            self.assertTrue(all(ok), f"wave {wave}: {ok}")
+        self.assertTrue(_probe(self.device, 7))
+
+
+class TestMPSStreams(_StreamPoolTestCase):
+    def test_main_thread_uses_default_stream(self):
+        s = torch.mps.current_stream()
+        self.assertEqual(s, torch.accelerator.current_stream())
+        self.assertEqual(s.device.type, "mps")
+        self.assertEqual(s.stream_id, 0)
+
+    def test_concurrent_threads_get_distinct_streams(self):
+        n = 8
+        barrier = threading.Barrier(n, timeout=TIMEOUT)
+
+        def work(_):
+            first = torch.mps.current_stream()
+            self.assertTrue(_probe("mps", 1))
+            self.assertEqual(torch.mps.current_stream(), first)
+            barrier.wait()  # all threads hold their streams at once
+            return first.stream_id
+
+        ids = _run_threads(work, n, barrier)
+        self.assertEqual(len(set(ids)), n, ids)
+        self.assertNotIn(0, ids)
+
+    def test_release_current_thread_slot(self):
+        before = torch.mps.current_stream()
+        torch.mps.release_current_thread_slot()  # no-op on the main thread
+        self.assertEqual(torch.mps.current_stream(), before)
+
+        def work(i):
+            ok = _probe("mps", i)
+            torch.mps.release_current_thread_slot()
+            ok = ok and _probe("mps", 1000 + i)  # leases again
+            self.assertNotEqual(torch.mps.current_stream().stream_id, 0)
+            torch.mps.release_current_thread_slot()
+            return ok
+
+        for wave in range(8):
+            self.assertTrue(all(_run_threads(lambda i: work(wave * 16 + i), 16)))
+        self.assertTrue(_probe("mps", 3))
+
+    def test_stream_context_manager(self):
+        x_cpu = torch.randn(64, 64)
+        x = x_cpu.to("mps")
+        prev = torch.mps.current_stream()
+        s1, s2 = torch.Stream(device="mps"), torch.Stream(device="mps")
+        self.assertNotEqual(s1, s2)
+        with torch.mps.stream(s1):
+            self.assertEqual(torch.mps.current_stream(), s1)
+            y = x * 2
+            with torch.mps.stream(s2):
+                self.assertEqual(torch.accelerator.current_stream(), s2)
+                z = y + 1
+            self.assertEqual(torch.mps.current_stream(), s1)
+        self.assertEqual(torch.mps.current_stream(), prev)
+        with torch.mps.stream(None):
+            self.assertEqual(torch.mps.current_stream(), prev)
+        with self.assertRaises(ValueError):
+            with torch.mps.stream(s1):
+                raise ValueError("leaves the block")
+        self.assertEqual(torch.mps.current_stream(), prev)
+        prev.wait_stream(s2)
+        self.assertEqual(z.cpu(), x_cpu * 2 + 1)
+
+    def test_set_stream_agrees_with_accelerator(self):
+        prev = torch.mps.current_stream()
+        s = torch.Stream(device="mps")
+        try:
+            torch.mps.set_stream(s)
+            self.assertEqual(torch.accelerator.current_stream(), s)
+            torch.accelerator.set_stream(prev)
+            self.assertEqual(torch.mps.current_stream(), prev)
+        finally:
+            torch.mps.set_stream(prev)
+
+    def test_current_stream_is_per_thread(self):
+        s_main, s_worker = torch.Stream(device="mps"), torch.Stream(device="mps")
+        main_switched, worker_switched = threading.Event(), threading.Event()
+
+        def work(_):
+            own = torch.mps.current_stream()
+            self.assertTrue(main_switched.wait(TIMEOUT))
+            self.assertEqual(torch.mps.current_stream(), own)
+            with torch.mps.stream(s_worker):
+                worker_switched.set()
+                self.assertEqual(torch.mps.current_stream(), s_worker)
+                return (torch.ones(8, device="mps") * 3).sum().item()
+
+        worker = _Threads(work, 1)
+        with torch.mps.stream(s_main):
+            main_switched.set()
+            worker_switched.wait(TIMEOUT)
+            self.assertEqual(torch.mps.current_stream(), s_main)
+            self.assertEqual(worker.join(), [24.0])
+
+    def test_record_stream(self):
+        torch.manual_seed(0)
+        x_cpu, w_cpu = torch.randn(1024, 1024), torch.randn(1024, 1024) / 32
+        x, w = x_cpu.to("mps"), w_cpu.to("mps")
+        s = torch.Stream(device="mps")
+        with torch.mps.stream(s):
+            y = _chain(x, w, 8)
+        x.record_stream(s)
+        del x
+        # New blocks on the main thread's stream must not reuse x's memory while s may still read it.
+        junk = [torch.full((1024, 1024), 7.0, device="mps") for _ in range(4)]
+        torch.mps.current_stream().wait_stream(s)
+        self.assertEqual(y.cpu(), _chain(x_cpu, w_cpu, 8), atol=1e-4, rtol=1e-4)
+        self.assertEqual(junk[0].cpu(), torch.full((1024, 1024), 7.0))
+
+    def test_event_record_on_one_stream_wait_on_another(self):
+        torch.manual_seed(0)
+        x_cpu, w_cpu = torch.randn(1024, 1024), torch.randn(1024, 1024) / 32
+        x, w = x_cpu.to("mps"), w_cpu.to("mps")
+        s1, s2 = torch.Stream(device="mps"), torch.Stream(device="mps")
+        event = torch.Event(device="mps")
+        with torch.mps.stream(s1):
+            a = _chain(x, w, 8)
+        event.record(s1)
+        s2.wait_event(event)
+        with torch.mps.stream(s2):
+            b = a * 2 + 1
+        s2.synchronize()
+        self.assertTrue(event.query())
+        self.assertTrue(s1.query())
+        torch.mps.current_stream().wait_stream(s2)
+        self.assertEqual(b.cpu(), _chain(x_cpu, w_cpu, 8) * 2 + 1, atol=1e-4, rtol=1e-4)
+
+    def test_event_from_worker_thread(self):
+        torch.manual_seed(0)
+        x_cpu, w_cpu = torch.randn(1024, 1024), torch.randn(1024, 1024) / 32
+
+        def produce(_):
+            a = _chain(x_cpu.to("mps"), w_cpu.to("mps"), 8)
+            event = torch.Event(device="mps")
+            event.record()  # on the worker's stream
+            return a, event, torch.mps.current_stream()
+
+        (a, event, worker_stream), = _run_threads(produce, 1)
+        self.assertNotEqual(worker_stream, torch.mps.current_stream())
+        torch.mps.current_stream().wait_event(event)
+        b = a + 1
+        self.assertEqual(b.cpu(), _chain(x_cpu, w_cpu, 8) + 1, atol=1e-4, rtol=1e-4)
+        event.synchronize()
+        self.assertTrue(event.query())
+
+    def test_device_synchronize_waits_for_every_stream(self):
+        n = 8
+        for sync in (torch.mps.synchronize, torch.accelerator.synchronize):
+            with self.subTest(sync=sync.__module__ + "." + sync.__name__):
+                handed, release = queue.Queue(), threading.Event()
+
+                def work(i):
+                    x = torch.randn(2048, 2048).to("mps")
+                    for _ in range(16):
+                        x = torch.tanh(x @ x / 45)
+                    event = torch.Event(device="mps")
+                    event.record()
+                    handed.put((event, torch.mps.current_stream()))
+                    release.wait(TIMEOUT)  # stay alive, holding the stream, without synchronizing
+
+                threads = _Threads(work, n)
+                try:
+                    items = [handed.get(timeout=TIMEOUT) for _ in range(n)]
+                    sync()
+                    self.assertTrue(all(event.query() for event, _ in items))
+                    self.assertTrue(all(stream.query() for _, stream in items))
+                finally:
+                    release.set()
+                    threads.join()
+
+    def test_batch_queue_is_exported(self):
+        from torch.mps.batch_queue import BatchQueue, batch_inference
+
+        self.assertIs(torch.mps.BatchQueue, BatchQueue)
+        self.assertIs(torch.mps.batch_inference, batch_inference)
+        torch.manual_seed(0)
+        model = nn.Linear(32, 8).eval()
+        inputs = [torch.randn(32) for _ in range(64)]
+        outs = torch.mps.batch_inference(copy.deepcopy(model).to("mps"), inputs, max_batch=16, num_threads=16,
+                                         device="mps")
+        with torch.no_grad():
+            expected = [model(x) for x in inputs]
+        self.assertEqual([o.cpu() for o in outs], expected, atol=1e-4, rtol=1e-4)
+
+
+class TestMPSStreamPoolEnvironment(_StreamPoolTestCase):
+    r"""Each mode of MPS_STREAM_POOL_WAIT_TIMEOUT_MS, in a fresh process."""
+
+    def _child(self, *args, env=None):
+        return _run_child(self, self.device, *args, env=env)
+
+    def test_unset_shares_streams_and_never_fails(self):
+        result = self._child("hold", "--threads", "40")
+        self.assertEqual(result, {"ok": 40, "errors": []})
+
+    def test_zero_raises_an_error_naming_the_variable(self):
+        result = self._child("hold", "--threads", "40", env={POOL_ENV: "0"})
+        self.assertEqual(result["ok"], WORKER_STREAMS)
+        self.assertEqual(len(result["errors"]), 40 - WORKER_STREAMS)
+        for message in result["errors"]:
+            self.assertIn(POOL_ENV, message)
+            self.assertIn("release_current_thread_slot", message)
+
+    def test_minus_one_waits_until_a_stream_is_released(self):
+        result = self._child("release", "--threads", "40", env={POOL_ENV: "-1"})
+        self.assertEqual(result, {"ok": 40, "errors": []})
+
+    def test_timeout_raises_or_succeeds(self):
+        result = self._child("timeout", "--holders", str(WORKER_STREAMS), "--timeout-ms", "1000",
+                             env={POOL_ENV: "1000"})
+        self.assertIn(POOL_ENV, result["first"])
+        self.assertGreaterEqual(result["first_ms"], 900)
+        self.assertEqual(result["second"], "ok")
+
+    def test_malformed_value_is_a_clear_error(self):
+        for value in ("abc", "-2", "1.5", "10ms", "99999999999"):
+            with self.subTest(value=value):
+                result = self._child("probe", env={POOL_ENV: value})
+                self.assertIn(POOL_ENV, result["outcome"])
+                self.assertIn(value, result["outcome"])
+
+    def test_churn_returns_every_lease(self):
+        # After many threads came and went, all worker streams can be leased at once again.
+        for release, mode in (("explicit", "0"), ("exit", "-1")):
+            with self.subTest(release=release):
+                result = self._child("churn", "--total", "256", "--release", release,
+                                     "--hold", str(WORKER_STREAMS), env={POOL_ENV: mode})
+                self.assertEqual(result, {"churn_ok": 256, "ok": WORKER_STREAMS, "errors": []})
+
+
+class TestMPSGraphPath(_StreamPoolTestCase):
+    def test_force_graph_path_matches_cpu(self):
+        result = _run_child(self, self.device, "parallel", "--threads", "8", env={GRAPH_ENV: "1"})
+        self.assertEqual(result, {name: "ok" for name in MODELS})
+
+    def test_layer_norm_graph_fallback_matches_kernel_path(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = {}
+            for path, value in (("kernel", None), ("graph", "1")):
+                out = os.path.join(tmp, path + ".pt")
+                _run_child(self, self.device, "outputs", "--out", out, env={GRAPH_ENV: value})
+                runs[path] = torch.load(out)
+        kernel, graph = runs["kernel"], runs["graph"]
+        self.assertEqual(graph["device"], kernel["device"], atol=1e-5, rtol=1.3e-6)
+        self.assertEqual(kernel["device"], kernel["cpu"], atol=1e-5, rtol=1e-5)
+        self.assertEqual(graph["device"], graph["cpu"], atol=1e-5, rtol=1e-5)
+
+    def test_malformed_force_graph_path_is_a_clear_error(self):
+        for value in ("true", "2", " 1"):
+            with self.subTest(value=value):
+                result = _run_child(self, self.device, "graph_probe", env={GRAPH_ENV: value})
+                self.assertIn(GRAPH_ENV, result["outcome"])
+
+
+class TestMPSFork(_StreamPoolTestCase):
+    def test_fork_child_raises_a_clear_error(self):
+        result = _run_child(self, self.device, "fork")
+        self.assertEqual(result["exitcode"], 0, result)
+        self.assertNotEqual(result["message"], "ok")
+        self.assertIn("fork", (result["message"] or "").lower())
+
+
+# ------------------------------------------------------ subprocess scenarios
+
+def _run_child(test, device, *args, env=None):
+    r"""Runs a child scenario in a fresh interpreter and returns its JSON result.
+
+    ``env`` entries are set in the child, or removed where the value is None;
+    the pool's variables are always cleared first.
+    """
+    child_env = {k: v for k, v in os.environ.items() if k not in (POOL_ENV, GRAPH_ENV)}
+    child_env.update({k: v for k, v in (env or {}).items() if v is not None})
+    cmd = [sys.executable, os.path.abspath(__file__), CHILD_FLAG, *args, "--device", device]
+    proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=TIMEOUT)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        test.fail(f"{' '.join(args)} (env {env}) exited with {proc.returncode}\n"
+                  f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _child_hold(device, threads):
+    r"""All threads make their first MPS use, then wait for each other: leases are held at once."""
+    barrier = threading.Barrier(threads, timeout=TIMEOUT)
+
+    def work(i):
+        outcome = _probe_outcome(device, i)
+        barrier.wait()
+        return outcome
+
+    outcomes = _run_threads(work, threads, barrier)
+    return {"ok": outcomes.count("ok"), "errors": [o for o in outcomes if o != "ok"]}
+
+
+def _child_release(device, threads):
+    r"""Threads hold their stream briefly; even ones release it explicitly, odd ones by exiting."""
+    def work(i):
+        outcome = _probe_outcome(device, i)
+        time.sleep(0.01)
+        if i % 2 == 0:
+            _release_slot(device)
+        return outcome
+
+    outcomes = _run_threads(work, threads)
+    return {"ok": outcomes.count("ok"), "errors": [o for o in outcomes if o != "ok"]}
+
+
+def _child_timeout(device, holders, timeout_ms):
+    r"""With every worker stream held, a new thread times out; once one is released, one succeeds."""
+    ready = threading.Semaphore(0)
+    release, finish = threading.Event(), threading.Event()
+
+    def hold(i):
+        outcome = _probe_outcome(device, i)
+        ready.release()
+        if i == 0:
+            release.wait(TIMEOUT)
+            _release_slot(device)
+        finish.wait(TIMEOUT)
+        return outcome
+
+    holding = _Threads(hold, holders)
+    try:
+        for _ in range(holders):
+            if not ready.acquire(timeout=TIMEOUT):
+                raise RuntimeError("holder threads did not start")
+        start = time.monotonic()
+        first = _run_threads(lambda i: _probe_outcome(device, 100), 1)[0]
+        first_ms = (time.monotonic() - start) * 1000
+        waiting = _Threads(lambda i: _probe_outcome(device, 101), 1)
+        time.sleep(timeout_ms / 4000)
+        release.set()
+        second = waiting.join()[0]
+    finally:
+        release.set()
+        finish.set()
+    held = holding.join()
+    return {"first": first, "first_ms": first_ms, "second": second, "held_ok": held.count("ok")}
+
+
+def _child_churn(device, total, wave, release, hold):
+    r"""``total`` short-lived threads (``wave`` at a time), then ``hold`` threads that lease at once."""
+    def churn(i):
+        ok = _probe(device, i)
+        if release == "explicit":
+            _release_slot(device)
+        return ok
+
+    churn_ok = 0
+    for start in range(0, total, wave):
+        churn_ok += sum(_run_threads(lambda i: churn(start + i), min(wave, total - start)))
+    result = _child_hold(device, hold)
+    result["churn_ok"] = churn_ok
+    return result
+
+
+def _fork_target(device, conn):
+    try:
+        conn.send("ok" if _probe(device, 2) else "wrong value")
+    except Exception as exc:
+        conn.send(f"{type(exc).__name__}: {exc}")
+
+
+def _child_fork(device):
+    r"""Initializes the device here, then runs an op in a fork()ed child process."""
+    _probe(device, 1)
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_fork_target, args=(device, sender))
+    proc.start()
+    sender.close()
+    message = receiver.recv() if receiver.poll(TIMEOUT) else None
+    proc.join(TIMEOUT)
+    return {"message": message, "exitcode": proc.exitcode}
+
+
+def _child_parallel(device, threads):
+    r"""Every model of MODELS from ``threads`` threads; ``"ok"`` or the mismatch per model."""
+    result = {}
+    for name in MODELS:
+        actual, expected, atol, rtol = _parallel_forward(name, threads, 4, device)
+        try:
+            torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
+            result[name] = "ok"
+        except AssertionError as exc:
+            result[name] = str(exc)
+    return result
+
+
+def _child_outputs(device, out):
+    r"""LayerNorm (and Linear) outputs on ``device`` and on CPU, saved to ``out``."""
+    torch.manual_seed(0)
+    cases = [
+        (nn.LayerNorm(64), (4, 16, 64)),
+        (nn.LayerNorm([8, 32]), (3, 8, 32)),
+        (nn.LayerNorm(256, elementwise_affine=False), (2, 256)),
+        (nn.LayerNorm(1024, eps=1e-3), (8, 1024)),
+        (nn.Linear(256, 128), (4, 256)),
+    ]
+    dev_outs, cpu_outs = [], []
+    with torch.no_grad():
+        for module, shape in cases:
+            for p in module.parameters():  # affine parameters other than the default ones and zeros
+                p.uniform_(-2, 2)
+            x = torch.randn(shape) * 3 + 1
+            cpu_outs.append(module(x))
+            dev_outs.append(copy.deepcopy(module).to(device)(x.to(device)).cpu())
+        w, b = torch.randn(48), torch.randn(48)
+        x = torch.randn(5, 48)
+        cpu_outs.append(F.layer_norm(x, (48,), weight=w, bias=None))
+        dev_outs.append(F.layer_norm(x.to(device), (48,), weight=w.to(device), bias=None).cpu())
+        cpu_outs.append(F.layer_norm(x, (48,), weight=None, bias=b))
+        dev_outs.append(F.layer_norm(x.to(device), (48,), weight=None, bias=b.to(device)).cpu())
+    torch.save({"device": dev_outs, "cpu": cpu_outs}, out)
+    return {"saved": len(dev_outs)}
+
+
+def _child_graph_probe(device):
+    r"""A Linear and a LayerNorm forward, the ops that read MPS_FORCE_GRAPH_PATH."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 64)
+    model = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64))
+    try:
+        with torch.no_grad():
+            ok = torch.allclose(copy.deepcopy(model).to(device)(x.to(device)).cpu(), model(x), atol=1e-4, rtol=1e-4)
+        return {"outcome": "ok" if ok else "wrong value"}
+    except RuntimeError as exc:
+        return {"outcome": str(exc)}
+
+
+def _child_main(argv):
+    parser = argparse.ArgumentParser(prog=f"test_mps_parallel.py {CHILD_FLAG}")
+    parser.add_argument("scenario", choices=["hold", "release", "timeout", "churn", "probe", "fork", "parallel",
+                                             "outputs", "graph_probe"])
+    parser.add_argument("--device", default="mps")
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--holders", type=int, default=WORKER_STREAMS)
+    parser.add_argument("--timeout-ms", type=int, default=1000)
+    parser.add_argument("--total", type=int, default=256)
+    parser.add_argument("--wave", type=int, default=16)
+    parser.add_argument("--release", choices=["explicit", "exit"], default="explicit")
+    parser.add_argument("--hold", type=int, default=WORKER_STREAMS)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    d = args.device
+    run = {
+        "hold": lambda: _child_hold(d, args.threads),
+        "release": lambda: _child_release(d, args.threads),
+        "timeout": lambda: _child_timeout(d, args.holders, args.timeout_ms),
+        "churn": lambda: _child_churn(d, args.total, args.wave, args.release, args.hold),
+        "probe": lambda: {"outcome": _probe_outcome(d, 5)},
+        "fork": lambda: _child_fork(d),
+        "parallel": lambda: _child_parallel(d, args.threads),
+        "outputs": lambda: _child_outputs(d, args.out),
+        "graph_probe": lambda: _child_graph_probe(d),
+    }[args.scenario]
+    result = run()
+    print(json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
+        _child_main(sys.argv[2:])
+    else:
+        run_tests()
