@@ -65,12 +65,13 @@ TEST_F(EventCoreTest, CrossStreamWaitOrdersWorkOnTheGpuWithoutBlockingTheCpu) {
   auto buf = device().newBuffer(1);
   auto ev = events_->get(events_->acquire(false));
   std::atomic<int64_t> seen{-1};
+  stream(0).queue().pause(); // a CPU-side wait would now never return
   stream(0).encodeKernel(write(buf, 42), SyncType::NONE);
   ev->record(stream(0), /*commit=*/true);
-  const auto start = std::chrono::steady_clock::now();
   EXPECT_TRUE(ev->wait(stream(1), /*commit=*/false));
-  EXPECT_LT(
-      std::chrono::steady_clock::now() - start, std::chrono::microseconds(150));
+  stream(1).synchronize(SyncType::COMMIT);
+  EXPECT_EQ(seen.load(), -1); // stream 1 is held back on the GPU
+  stream(0).queue().resume();
   stream(1).encodeKernel(
       {{{buf, sim::Access::kRead}}, [&] { seen = buf->read(0); }},
       SyncType::COMMIT_AND_WAIT);
@@ -131,10 +132,13 @@ TEST_F(EventCoreTest, ElapsedTimeCoversTheWorkBetweenRecords) {
   auto end = events_->get(events_->acquire(true));
   auto buf = device().newBuffer(1);
   start->record(stream(0), true);
-  stream(0).encodeKernel(write(buf, 1), SyncType::COMMIT);
+  stream(0).encodeKernel(
+      {{{buf, sim::Access::kWrite}},
+       [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }},
+      SyncType::COMMIT);
   end->record(stream(0), true);
   const double ms = end->elapsedMsSince(*start);
-  EXPECT_GE(ms, 0.2 * 0.9); // at least one command buffer of GPU time
+  EXPECT_GE(ms, 20.0 * 0.9); // the 20 ms kernel ran between the two
   auto untimed = events_->get(events_->acquire(false));
   untimed->record(stream(0), true);
   EXPECT_TORCH_ERROR(untimed->elapsedMsSince(*start), "enable_timing=True");

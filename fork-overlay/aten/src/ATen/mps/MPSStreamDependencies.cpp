@@ -55,10 +55,28 @@ void DependencyTracker::use(
     consumer.closePass(); // the op's work gets a mark of its own
   }
   const uint64_t mark = consumer.openMark();
+  if (site != UseSite::kHost && tryFastPath(me, mark, uses)) {
+    return;
+  }
+
+  // Strict two-phase locking: an op's buffers are locked together (in address
+  // order, so two ops cannot deadlock) and all its uses recorded before any
+  // is released. Ops touching common buffers are thereby recorded in one
+  // serial order, which keeps the waits between them acyclic even when two
+  // threads race on each other's buffers.
+  std::vector<BufferUses*> locked;
+  for (const Use& u : uses) {
+    locked.push_back(u.buffer);
+  }
+  std::sort(locked.begin(), locked.end());
+  locked.erase(std::unique(locked.begin(), locked.end()), locked.end());
   std::vector<Need> needs;
+  lockAll(locked);
   for (const Use& u : uses) {
     record(me, mark, *u.buffer, u.access, site, needs);
   }
+  unlockAll(locked);
+
   // Resolve outside the buffers' locks: waiting here must never block another
   // stream that only wants to record a use. One wait per producer suffices.
   std::sort(needs.begin(), needs.end(), [](const Need& a, const Need& b) {
@@ -71,29 +89,59 @@ void DependencyTracker::use(
   }
 }
 
+// The fast path (see the Note) applies when every buffer of the op is used
+// by this stream alone. Each mark is published before the owner word is
+// checked again, so a slow path on another stream that takes a buffer over
+// either sees the mark or makes this op fall back to the slow path (which
+// records the same uses again, harmlessly).
+bool DependencyTracker::tryFastPath(
+    StreamIndex me,
+    uint64_t mark,
+    const std::vector<Use>& uses) {
+  const uint32_t owner = static_cast<uint32_t>(me) + 1;
+  for (const Use& u : uses) {
+    const uint32_t seen = u.buffer->sole_user_.load(std::memory_order_seq_cst);
+    if ((seen & kOwnerMask) != owner ||
+        (u.access == Access::kWrite && !(seen & kWroteBit))) {
+      return false;
+    }
+  }
+  for (const Use& u : uses) {
+    const uint32_t seen = u.buffer->sole_user_.load(std::memory_order_seq_cst);
+    u.buffer->sole_point_.store(mark, std::memory_order_seq_cst);
+    if (u.buffer->sole_user_.load(std::memory_order_seq_cst) != seen ||
+        (seen & kOwnerMask) != owner) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Escape hatch: the number of locks depends on the op, which the analysis
+// cannot express; use() pairs these calls.
+void DependencyTracker::lockAll(const std::vector<BufferUses*>& buffers)
+    MPS_NO_THREAD_SAFETY_ANALYSIS {
+  for (BufferUses* b : buffers) {
+    b->mu_.lock();
+  }
+}
+
+void DependencyTracker::unlockAll(const std::vector<BufferUses*>& buffers)
+    MPS_NO_THREAD_SAFETY_ANALYSIS {
+  for (BufferUses* b : buffers) {
+    b->mu_.unlock();
+  }
+}
+
+// Called by use() with `buffer`'s lock held (see lockAll).
 void DependencyTracker::record(
     StreamIndex me,
     uint64_t point,
     BufferUses& buffer,
     Access access,
     UseSite site,
-    std::vector<Need>& needs) {
+    std::vector<Need>& needs) MPS_NO_THREAD_SAFETY_ANALYSIS {
   const uint32_t owner = static_cast<uint32_t>(me) + 1;
-
-  // Fast path: only this stream has used the buffer (see the Note). The
-  // mark is published before the owner word is checked again, so a slow
-  // path on another stream that takes the buffer over either sees the mark
-  // or makes this call fall through to the slow path.
-  const uint32_t seen = buffer.sole_user_.load(std::memory_order_seq_cst);
-  if (site != UseSite::kHost && (seen & kOwnerMask) == owner &&
-      (access == Access::kRead || (seen & kWroteBit))) {
-    buffer.sole_point_.store(point, std::memory_order_seq_cst);
-    if (buffer.sole_user_.load(std::memory_order_seq_cst) == seen) {
-      return;
-    }
-  }
-
-  MutexLock lock(buffer.mu_);
   // Fold the sole-use period into the records.
   const uint32_t sole =
       buffer.sole_user_.exchange(0, std::memory_order_seq_cst);

@@ -156,7 +156,11 @@ class TORCH_API DependencyTracker {
     StreamIndex stream;
     uint64_t point;
   };
-  // Records one use; appends what it must wait for to `needs`.
+  bool tryFastPath(StreamIndex me, uint64_t mark, const std::vector<Use>& uses);
+  static void lockAll(const std::vector<BufferUses*>& buffers);
+  static void unlockAll(const std::vector<BufferUses*>& buffers);
+  // Records one use, with the buffer's lock held; appends what it must wait
+  // for to `needs`.
   void record(
       StreamIndex me,
       uint64_t mark,

@@ -1,0 +1,96 @@
+//  Copyright © 2026 Apple Inc.
+
+#include <ATen/mps/MPSFrameworkWorkarounds.h>
+
+#include <ATen/mps/MPSThreadAnnotations.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <cstdlib>
+
+namespace at::mps {
+
+namespace {
+
+std::array<Mutex, kRacyKernelFamilies>& familyLocks() {
+  // Leaked on purpose, like the stream pool: ops may still encode during
+  // static destruction.
+  static auto* locks = new std::array<Mutex, kRacyKernelFamilies>();
+  return *locks;
+}
+
+// Bit i set: the calling thread holds family i's lock.
+thread_local uint32_t tls_held_families = 0;
+
+int indexOf(RacyKernelFamily family) {
+  const int index = static_cast<int>(family);
+  TORCH_CHECK(
+      index >= 0 && index < kRacyKernelFamilies,
+      "unknown RacyKernelFamily ",
+      index);
+  return index;
+}
+
+} // namespace
+
+const char* racyKernelFamilyName(RacyKernelFamily family) {
+  switch (family) {
+    case RacyKernelFamily::kMatrixMultiplication:
+      return "MPSNDArrayMatrixMultiplication";
+    case RacyKernelFamily::kLayerNormKernel:
+      return "LayerNorm Metal kernel";
+    case RacyKernelFamily::kMatrixDecompositionLU:
+      return "MPSMatrixDecompositionLU";
+    case RacyKernelFamily::kMatrixSolveLU:
+      return "MPSMatrixSolveLU";
+    case RacyKernelFamily::kMatrixSolveTriangular:
+      return "MPSMatrixSolveTriangular";
+  }
+  return "unknown";
+}
+
+// The lock is chosen at run time, which the analysis cannot follow; the
+// acquisition order is checked at run time instead.
+SerializedEncode::SerializedEncode(RacyKernelFamily family)
+    MPS_NO_THREAD_SAFETY_ANALYSIS : family_(family) {
+  const int index = indexOf(family);
+  TORCH_INTERNAL_ASSERT(
+      (tls_held_families >> index) == 0,
+      "MPS kernel-family lock '",
+      racyKernelFamilyName(family),
+      "' taken while holding the same or a later family's lock; see Note "
+      "[MPS Apple framework workarounds] for the order");
+  familyLocks()[index].lock();
+  tls_held_families |= uint32_t{1} << index;
+}
+
+// Releases the lock the constructor took; see there.
+SerializedEncode::~SerializedEncode() MPS_NO_THREAD_SAFETY_ANALYSIS {
+  const int index = static_cast<int>(family_);
+  tls_held_families &= ~(uint32_t{1} << index);
+  familyLocks()[index].unlock();
+}
+
+GraphPathMode parseGraphPathMode(const char* value) {
+  return parseEnvSwitch(kForceGraphPathSwitch, value).value_or(false)
+      ? GraphPathMode::kForce
+      : GraphPathMode::kAuto;
+}
+
+bool preferGraphPath(
+    GraphPathMode mode,
+    StreamActivity& activity,
+    StreamIndex current,
+    StreamActivity::Clock::time_point now) {
+  activity.noteEncoding(current, now);
+  return preferGraphPath(mode, activity.activeStreams(now));
+}
+
+bool preferGraphPathNow(StreamIndex current) {
+  // Read once; a malformed value throws here, and again on the next call.
+  static const GraphPathMode mode =
+      parseGraphPathMode(std::getenv(kForceGraphPathSwitch.name));
+  return preferGraphPath(mode, streamActivity(), current);
+}
+
+} // namespace at::mps

@@ -1,0 +1,39 @@
+//  Copyright © 2026 Apple Inc.
+
+#include <ATen/mps/MPSSerialDispatch.h>
+
+namespace at::mps {
+
+namespace {
+// Innermost section of the calling thread; see Note [MPS serial sections].
+// Defined here, not inline in the header, so that every library sees the same
+// chain.
+thread_local const SerialSection* tls_innermost_section = nullptr;
+} // namespace
+
+SerialSection::SerialSection(
+    const void* queue,
+    const SerialSection* outer) noexcept
+    : queue_(queue), outer_(outer), saved_(tls_innermost_section) {
+  tls_innermost_section = this;
+}
+
+SerialSection::~SerialSection() {
+  tls_innermost_section = saved_;
+}
+
+const SerialSection* SerialSection::innermost() noexcept {
+  return tls_innermost_section;
+}
+
+bool SerialSection::isActive(const void* queue) noexcept {
+  for (const SerialSection* s = tls_innermost_section; s != nullptr;
+       s = s->outer_) {
+    if (s->queue_ == queue) {
+      return true;
+    }
+  }
+  return false;
+}
+
+} // namespace at::mps

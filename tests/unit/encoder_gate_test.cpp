@@ -1,0 +1,247 @@
+// The opt-in encoder-lifecycle gate: off by default and pass-through when off;
+// when on, compute-encoder creation and end are serialised across streams.
+
+#include "SimStream.h"
+#include "harness.h"
+
+#include <ATen/mps/MPSCommandBufferLifecycle.h>
+#include <ATen/mps/MPSEncoderGate.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using at::mps::computeEncoderGate;
+using at::mps::EncoderLifecycleGate;
+using at::mps::GatedEncoderOps;
+using at::mps::kSerializeComputeEncodersSwitch;
+using at::mps::SyncType;
+using namespace std::chrono_literals;
+
+constexpr const char* kVar = "MPS_SERIALIZE_COMPUTE_ENCODERS";
+
+template <typename T>
+T getWithin(std::future<T>& f, std::chrono::seconds limit = 10s) {
+  if (f.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "timed out";
+    std::abort();
+  }
+  return f.get();
+}
+
+// A rendezvous that reports failure instead of hanging.
+class Rendezvous {
+ public:
+  explicit Rendezvous(int n) : n_(n) {}
+  bool arriveAndWait(std::chrono::milliseconds limit = 5000ms) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (--n_ <= 0) {
+      cv_.notify_all();
+    }
+    return cv_.wait_for(lock, limit, [&] { return n_ <= 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_;
+};
+
+TEST(EncoderGateTest, GateThatIsOffLetsCallersRunConcurrently) {
+  EncoderLifecycleGate gate(false);
+  EXPECT_FALSE(gate.enabled());
+  Rendezvous both(2);
+  auto a = std::async(std::launch::async, [&] {
+    return gate.run([&] { return both.arriveAndWait(); });
+  });
+  auto b = std::async(std::launch::async, [&] {
+    return gate.run([&] { return both.arriveAndWait(); });
+  });
+  EXPECT_TRUE(getWithin(a));
+  EXPECT_TRUE(getWithin(b));
+}
+
+TEST(EncoderGateTest, GateThatIsOnRunsOneCallerAtATime) {
+  EncoderLifecycleGate gate(true);
+  EXPECT_TRUE(gate.enabled());
+  std::promise<void> inside, release;
+  auto first = std::async(std::launch::async, [&] {
+    gate.run([&] {
+      inside.set_value();
+      release.get_future().wait();
+    });
+  });
+  inside.get_future().wait();
+  std::atomic<bool> entered{false};
+  auto second = std::async(
+      std::launch::async, [&] { gate.run([&] { entered = true; }); });
+  EXPECT_EQ(second.wait_for(50ms), std::future_status::timeout);
+  EXPECT_FALSE(entered);
+  release.set_value();
+  getWithin(first);
+  getWithin(second);
+  EXPECT_TRUE(entered);
+}
+
+TEST(EncoderGateTest, ReturnsTheResultAndReleasesTheGateOnException) {
+  EncoderLifecycleGate gate(true);
+  EXPECT_EQ(gate.run([] { return 5; }), 5);
+  EXPECT_THROW(
+      gate.run([]() -> int { throw std::runtime_error("encoder failed"); }),
+      std::runtime_error);
+  // Not left locked: the same thread gets through again.
+  EXPECT_EQ(gate.run([] { return 6; }), 6);
+}
+
+TEST(EncoderGateTest, ReadsTheVariableOnceOnFirstUse) {
+  {
+    harness::ScopedEnv env(kVar, "1");
+    EncoderLifecycleGate gate(kSerializeComputeEncodersSwitch);
+    EXPECT_TRUE(gate.enabled());
+    harness::ScopedEnv later(kVar, "0");
+    EXPECT_TRUE(gate.enabled());
+  }
+  for (const char* off : {"0", "", static_cast<const char*>(nullptr)}) {
+    harness::ScopedEnv env(kVar, off);
+    EncoderLifecycleGate gate(kSerializeComputeEncodersSwitch);
+    EXPECT_FALSE(gate.enabled());
+    EXPECT_EQ(gate.run([] { return 1; }), 1);
+  }
+}
+
+TEST(EncoderGateTest, MalformedValueFailsEveryUseNamingTheVariable) {
+  harness::ScopedEnv env(kVar, "on");
+  EncoderLifecycleGate gate(kSerializeComputeEncodersSwitch);
+  EXPECT_TORCH_ERROR(gate.run([] {}), "MPS_SERIALIZE_COMPUTE_ENCODERS='on'");
+  EXPECT_TORCH_ERROR(gate.enabled(), "Accepted values: 1 (create and end");
+}
+
+TEST(EncoderGateTest, ProcessGateIsOffByDefault) {
+  harness::ScopedEnv env(kVar, nullptr);
+  EXPECT_FALSE(computeEncoderGate().enabled());
+  EXPECT_EQ(&computeEncoderGate(), &computeEncoderGate());
+}
+
+// Counts encoder lifecycle transitions in flight across every stream.
+struct TransitionProbe {
+  std::atomic<int> in_flight{0};
+  std::atomic<int> max_in_flight{0};
+  std::atomic<int> transitions{0};
+  std::function<void()> while_inside = [] {
+    std::this_thread::sleep_for(20us);
+  };
+
+  template <typename Fn>
+  auto observe(Fn&& fn) {
+    const int now = in_flight.fetch_add(1) + 1;
+    int seen = max_in_flight.load();
+    while (now > seen && !max_in_flight.compare_exchange_weak(seen, now)) {
+    }
+    while_inside();
+    auto result = fn();
+    transitions.fetch_add(1);
+    in_flight.fetch_sub(1);
+    return result;
+  }
+};
+
+struct ProbeOps : sim::SimOps {
+  std::shared_ptr<TransitionProbe> probe;
+
+  Encoder makeComputeEncoder(const Buffer& buffer) {
+    return probe->observe([&] { return SimOps::makeComputeEncoder(buffer); });
+  }
+  void endEncoding(const Encoder& encoder) {
+    probe->observe([&] {
+      SimOps::endEncoding(encoder);
+      return 0;
+    });
+  }
+};
+
+using GatedLifecycle =
+    at::mps::CommandBufferLifecycle<GatedEncoderOps<ProbeOps>>;
+
+class GatedLifecycleTest : public harness::SimTest {
+ protected:
+  void releaseResources() override {
+    streams_.clear();
+  }
+  GatedLifecycle& makeStream(EncoderLifecycleGate& gate) {
+    ProbeOps ops;
+    ops.probe = probe_;
+    ops.timeline = device().newSharedEvent();
+    streams_.push_back(std::make_unique<GatedLifecycle>(
+        GatedEncoderOps<ProbeOps>(ops, gate),
+        device().newCommandQueue(),
+        false));
+    return *streams_.back();
+  }
+  // One pass of the way an op encodes: open an encoder, dispatch, end it.
+  static void encodeOnePass(GatedLifecycle& lc) {
+    lc.commandEncoder()->dispatch(sim::Kernel{{}, [] {}});
+    lc.endKernelCoalescing();
+  }
+
+  std::shared_ptr<TransitionProbe> probe_ = std::make_shared<TransitionProbe>();
+  std::vector<std::unique_ptr<GatedLifecycle>> streams_;
+};
+
+TEST_F(
+    GatedLifecycleTest,
+    GateThatIsOnSerialisesEncoderLifecycleAcrossStreams) {
+  EncoderLifecycleGate gate(true);
+  constexpr int kStreams = 4;
+  const int kPasses = 200 * harness::stressScale();
+  for (int s = 0; s < kStreams; ++s) {
+    makeStream(gate);
+  }
+  harness::Latch start(kStreams);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < kStreams; ++s) {
+    threads.emplace_back([&, s] {
+      GatedLifecycle& lc = *streams_[s];
+      start.arriveAndWait();
+      for (int i = 0; i < kPasses; ++i) {
+        encodeOnePass(lc);
+        if (i % 16 == 15) {
+          lc.synchronize(SyncType::COMMIT);
+        }
+      }
+      lc.synchronize(SyncType::COMMIT_AND_WAIT);
+    });
+  }
+  for (auto& th : threads) {
+    th.join();
+  }
+  EXPECT_EQ(probe_->max_in_flight.load(), 1);
+  EXPECT_EQ(probe_->transitions.load(), 2 * kStreams * kPasses);
+}
+
+TEST_F(GatedLifecycleTest, GateThatIsOffPassesLifecycleCallsStraightThrough) {
+  EncoderLifecycleGate gate(false);
+  GatedLifecycle& a = makeStream(gate);
+  GatedLifecycle& b = makeStream(gate);
+  // Both streams must be inside encoder creation at the same time.
+  Rendezvous both(2);
+  probe_->while_inside = [&] { EXPECT_TRUE(both.arriveAndWait()); };
+  auto in_a = std::async(std::launch::async, [&] { a.commandEncoder(); });
+  auto in_b = std::async(std::launch::async, [&] { b.commandEncoder(); });
+  getWithin(in_a);
+  getWithin(in_b);
+  probe_->while_inside = [] {};
+  EXPECT_EQ(probe_->max_in_flight.load(), 2);
+  a.synchronize(SyncType::COMMIT_AND_WAIT);
+  b.synchronize(SyncType::COMMIT_AND_WAIT);
+}
+
+} // namespace
