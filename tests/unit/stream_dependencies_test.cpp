@@ -291,6 +291,61 @@ TEST_F(DependencyTest, InPassCycleIsReportedInsteadOfHanging) {
   EXPECT_GE(cycle_errors.load(), 1);
 }
 
+TEST(BufferUseTableTest, OneRecordPerKeyPerTable) {
+  at::mps::BufferUseTable a, b;
+  int x = 0, y = 0;
+  EXPECT_EQ(&a.get(&x), &a.get(&x));
+  EXPECT_NE(&a.get(&x), &a.get(&y));
+  EXPECT_NE(&a.get(&x), &b.get(&x)); // tables never share cached entries
+  std::vector<BufferUses*> seen(8);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] { seen[t] = &a.get(&y); });
+  }
+  for (auto& th : threads) {
+    th.join();
+  }
+  EXPECT_THAT(seen, ::testing::Each(&a.get(&y)));
+  EXPECT_EQ(a.size(), 2u);
+}
+
+// A buffer handed out again keeps its record: a new user on another stream
+// waits for the previous life's work (see Note [MPS buffer use table]).
+TEST_F(DependencyTest, ReusedBufferKeepsThePreviousLifesUses) {
+  makeStreams(2);
+  at::mps::BufferUseTable table;
+  auto buf = device().newBuffer(1);
+  stream(0).queue().pause();
+  stream(0).serial([&](sim::Lifecycle& lc) {
+    tracker_->use(
+        stream(0),
+        table.get(buf.get()),
+        Access::kWrite,
+        UseSite::kBeforeEncoding);
+    lc.commandEncoder()->dispatch(
+        {{{buf, sim::Access::kWrite}}, [buf] { buf->write(0, 1); }});
+    lc.synchronize(SyncType::COMMIT);
+  });
+  // "Freed" and reused by a tensor on stream 1: same buffer, same record.
+  std::atomic<int64_t> seen{-1};
+  stream(1).serial([&](sim::Lifecycle& lc) {
+    tracker_->use(
+        stream(1),
+        table.get(buf.get()),
+        Access::kWrite,
+        UseSite::kBeforeEncoding);
+    lc.commandEncoder()->dispatch({{{buf, sim::Access::kWrite}}, [buf, &seen] {
+                                     seen = buf->read(0);
+                                     buf->write(0, 2);
+                                   }});
+    lc.synchronize(SyncType::COMMIT);
+  });
+  stream(0).queue().resume();
+  stream(1).synchronize(SyncType::COMMIT_AND_WAIT);
+  EXPECT_EQ(seen.load(), 1); // ran after the previous life's write
+  EXPECT_EQ(buf->read(0), 2);
+}
+
 // Randomized producer/consumer graphs: 16 threads, each on its own stream,
 // issue ops over shared tensors in a global issue order (taken before the
 // stream's serial section, as independent threads would interleave); the

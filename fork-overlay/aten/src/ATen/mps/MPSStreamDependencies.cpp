@@ -29,6 +29,57 @@ static_assert(kStreamsPerPool < kWroteBit, "owner must fit below kWroteBit");
 
 } // namespace
 
+namespace {
+// Per-thread cache of BufferUseTable lookups, tagged with the table's id so
+// that tables (the harness makes many) never see each other's entries.
+struct TableCacheEntry {
+  uint64_t table;
+  const void* key;
+  BufferUses* uses;
+};
+constexpr size_t kTableCacheSize = 64;
+thread_local std::array<TableCacheEntry, kTableCacheSize> tls_table_cache{};
+
+size_t hashKey(const void* key) {
+  const auto k = reinterpret_cast<uintptr_t>(key);
+  return static_cast<size_t>((k >> 4) ^ (k >> 12));
+}
+} // namespace
+
+uint64_t BufferUseTable::nextId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+BufferUses& BufferUseTable::get(const void* key) {
+  TableCacheEntry& e = tls_table_cache[hashKey(key) % kTableCacheSize];
+  if (C10_LIKELY(e.table == id_ && e.key == key)) {
+    return *e.uses;
+  }
+  BufferUses& uses = getSlow(key);
+  e = {id_, key, &uses};
+  return uses;
+}
+
+BufferUses& BufferUseTable::getSlow(const void* key) {
+  Shard& shard = shards_[hashKey(key) % kShards];
+  MutexLock lock(shard.mu);
+  auto& slot = shard.entries[key];
+  if (!slot) {
+    slot = std::make_unique<BufferUses>();
+  }
+  return *slot;
+}
+
+size_t BufferUseTable::size() const {
+  size_t n = 0;
+  for (const Shard& s : shards_) {
+    MutexLock lock(s.mu);
+    n += s.entries.size();
+  }
+  return n;
+}
+
 DependencyTracker::DependencyTracker() {
   for (auto& w : waiting_on_) {
     w.store(-1, std::memory_order_relaxed);
@@ -39,23 +90,17 @@ void DependencyTracker::registerStream(DependencyStream& stream) {
   streams_.at(stream.index()).store(&stream, std::memory_order_release);
 }
 
-void DependencyTracker::reset(BufferUses& buffer) {
-  MutexLock lock(buffer.mu_);
-  buffer.sole_user_.store(0, std::memory_order_seq_cst);
-  buffer.last_write_ = 0;
-  buffer.reads_.fill(0);
-}
-
 void DependencyTracker::use(
     DependencyStream& consumer,
-    const std::vector<Use>& uses,
+    const Use* uses,
+    size_t count,
     UseSite site) {
   const StreamIndex me = consumer.index();
   if (site == UseSite::kBeforeEncoding) {
     consumer.closePass(); // the op's work gets a mark of its own
   }
   const uint64_t mark = consumer.openMark();
-  if (site != UseSite::kHost && tryFastPath(me, mark, uses)) {
+  if (site != UseSite::kHost && tryFastPath(me, mark, uses, count)) {
     return;
   }
 
@@ -65,15 +110,15 @@ void DependencyTracker::use(
   // serial order, which keeps the waits between them acyclic even when two
   // threads race on each other's buffers.
   std::vector<BufferUses*> locked;
-  for (const Use& u : uses) {
-    locked.push_back(u.buffer);
+  for (size_t i = 0; i < count; ++i) {
+    locked.push_back(uses[i].buffer);
   }
   std::sort(locked.begin(), locked.end());
   locked.erase(std::unique(locked.begin(), locked.end()), locked.end());
   std::vector<Need> needs;
   lockAll(locked);
-  for (const Use& u : uses) {
-    record(me, mark, *u.buffer, u.access, site, needs);
+  for (size_t i = 0; i < count; ++i) {
+    record(me, mark, *uses[i].buffer, uses[i].access, site, needs);
   }
   unlockAll(locked);
 
@@ -97,19 +142,22 @@ void DependencyTracker::use(
 bool DependencyTracker::tryFastPath(
     StreamIndex me,
     uint64_t mark,
-    const std::vector<Use>& uses) {
+    const Use* uses,
+    size_t count) {
   const uint32_t owner = static_cast<uint32_t>(me) + 1;
-  for (const Use& u : uses) {
-    const uint32_t seen = u.buffer->sole_user_.load(std::memory_order_seq_cst);
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t seen =
+        uses[i].buffer->sole_user_.load(std::memory_order_seq_cst);
     if ((seen & kOwnerMask) != owner ||
-        (u.access == Access::kWrite && !(seen & kWroteBit))) {
+        (uses[i].access == Access::kWrite && !(seen & kWroteBit))) {
       return false;
     }
   }
-  for (const Use& u : uses) {
-    const uint32_t seen = u.buffer->sole_user_.load(std::memory_order_seq_cst);
-    u.buffer->sole_point_.store(mark, std::memory_order_seq_cst);
-    if (u.buffer->sole_user_.load(std::memory_order_seq_cst) != seen ||
+  for (size_t i = 0; i < count; ++i) {
+    BufferUses& b = *uses[i].buffer;
+    const uint32_t seen = b.sole_user_.load(std::memory_order_seq_cst);
+    b.sole_point_.store(mark, std::memory_order_seq_cst);
+    if (b.sole_user_.load(std::memory_order_seq_cst) != seen ||
         (seen & kOwnerMask) != owner) {
       return false;
     }

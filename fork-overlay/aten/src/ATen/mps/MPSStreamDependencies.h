@@ -11,6 +11,8 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace at::mps {
@@ -110,6 +112,38 @@ class TORCH_API BufferUses {
   std::array<uint64_t, kStreamsPerPool> reads_ MPS_GUARDED_BY(mu_){};
 };
 
+// Note [MPS buffer use table]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Maps a buffer's identity (the MTLBuffer, in PyTorch) to its BufferUses.
+// Entries are created on first use and never freed: a record outlives the
+// tensor on purpose, so that a block the allocator hands out again still
+// carries the uses of its previous life (a new user on another stream waits
+// for them), and so that cached pointers to records never dangle. Memory is
+// one record per distinct buffer address the process ever tracked. Lookups
+// go through a small per-thread direct-mapped cache; a miss takes one of 64
+// shard locks.
+class TORCH_API BufferUseTable {
+ public:
+  BufferUseTable() = default;
+  BufferUseTable(const BufferUseTable&) = delete;
+  BufferUseTable& operator=(const BufferUseTable&) = delete;
+
+  BufferUses& get(const void* key);
+  size_t size() const;
+
+ private:
+  static constexpr size_t kShards = 64;
+  struct Shard {
+    mutable Mutex mu;
+    std::unordered_map<const void*, std::unique_ptr<BufferUses>> entries
+        MPS_GUARDED_BY(mu);
+  };
+  BufferUses& getSlow(const void* key);
+  const uint64_t id_ = nextId();
+  static uint64_t nextId();
+  std::array<Shard, kShards> shards_;
+};
+
 class TORCH_API DependencyTracker {
  public:
   DependencyTracker();
@@ -129,19 +163,23 @@ class TORCH_API DependencyTracker {
   // serial section for kBeforeEncoding and kInPass.
   void use(
       DependencyStream& consumer,
-      const std::vector<Use>& uses,
+      const Use* uses,
+      size_t count,
       UseSite site);
+  void use(
+      DependencyStream& consumer,
+      const std::vector<Use>& uses,
+      UseSite site) {
+    use(consumer, uses.data(), uses.size(), site);
+  }
   void use(
       DependencyStream& consumer,
       BufferUses& buffer,
       Access access,
       UseSite site) {
-    use(consumer, {{&buffer, access}}, site);
+    const Use one{&buffer, access};
+    use(consumer, &one, 1, site);
   }
-
-  // Forgets a buffer's history (the allocator hands it out again only when
-  // its uses are complete; see Note [MPS allocator cross-stream reuse]).
-  static void reset(BufferUses& buffer);
 
   // Waits observed so far, for tests and benchmarks.
   uint64_t gpuWaits() const {
@@ -156,7 +194,11 @@ class TORCH_API DependencyTracker {
     StreamIndex stream;
     uint64_t point;
   };
-  bool tryFastPath(StreamIndex me, uint64_t mark, const std::vector<Use>& uses);
+  bool tryFastPath(
+      StreamIndex me,
+      uint64_t mark,
+      const Use* uses,
+      size_t count);
   static void lockAll(const std::vector<BufferUses*>& buffers);
   static void unlockAll(const std::vector<BufferUses*>& buffers);
   // Records one use, with the buffer's lock held; appends what it must wait
