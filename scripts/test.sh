@@ -27,7 +27,7 @@ ctest_suite() { # ctest_suite PRESET
       >"$log" 2>&1; then
     tail -50 "$log"; record "ctest[$preset] build" 1; return
   fi
-  ctest --preset "$preset" -j"$jobs" 2>&1 | tee "$log" | grep -E "tests passed|Failed|\*\*\*" || true
+  ctest --preset "$preset" -j"$jobs" 2>&1 | tee "$log" | grep -E "tests passed|Failed|\*\*\*"
   local st=${PIPESTATUS[0]}
   local total fails
   total=$(grep -oE "out of [0-9]+" "$log" | grep -oE "[0-9]+" | tail -1)

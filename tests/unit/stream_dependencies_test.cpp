@@ -103,12 +103,16 @@ class DependencyTest : public harness::SimTest {
       lc.synchronize(sync);
     });
   }
+  // Unsigned, so that the hash wraps instead of overflowing.
+  static uint64_t mix(uint64_t v, int64_t x) {
+    return v * 1000003u + static_cast<uint64_t>(x);
+  }
   static int64_t combine(const std::vector<sim::BufferPtr>& ins, int64_t salt) {
-    int64_t v = salt;
+    uint64_t v = static_cast<uint64_t>(salt);
     for (auto& b : ins) {
-      v = v * 1000003 + b->read(0);
+      v = mix(v, b->read(0));
     }
-    return v;
+    return static_cast<int64_t>(v);
   }
   // Reads on the host after the producer of `t`, as .cpu()/.item() do.
   int64_t hostRead(sim::SimStream& any, Tensor& t) {
@@ -377,12 +381,12 @@ TEST_F(DependencyTest, RandomGraphsOverSixteenStreamsMatchASerialReplay) {
       const int64_t salt = me * 100000 + i;
       std::lock_guard<std::mutex> lock(issue);
       std::vector<Tensor*> in_ptrs;
-      int64_t v = salt;
+      uint64_t v = static_cast<uint64_t>(salt);
       for (int k : ins) {
         in_ptrs.push_back(ts[k].get());
-        v = v * 1000003 + reference[k];
+        v = mix(v, reference[k]);
       }
-      reference[out] = v;
+      reference[out] = static_cast<int64_t>(v);
       op(stream(me), in_ptrs, ts[out].get(), salt, sync, site);
       if (rng() % 50 == 0) {
         const int probe = rng() % kTensors;
