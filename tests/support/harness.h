@@ -9,8 +9,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -58,6 +60,18 @@ class ScopedEnv {
   std::string name_;
   std::optional<std::string> old_;
 };
+
+// Fails the test (instead of hanging it) if `f` is not ready within `limit`.
+template <typename T>
+T getWithin(
+    std::future<T>& f,
+    std::chrono::seconds limit = std::chrono::seconds(10)) {
+  if (f.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "timed out";
+    std::abort();
+  }
+  return f.get();
+}
 
 // A one-shot countdown latch (std::latch is C++20).
 class Latch {

@@ -18,6 +18,8 @@
 
 namespace {
 
+using harness::getWithin;
+
 using at::mps::OnceCache;
 using namespace std::chrono_literals;
 
@@ -41,16 +43,6 @@ using Cache = OnceCache<std::string, std::unique_ptr<Compiled>>;
 
 std::unique_ptr<Compiled> compiled(int v) {
   return std::make_unique<Compiled>(v);
-}
-
-// Fails the test (instead of hanging it) if the future is not ready soon.
-template <typename T>
-T getWithin(std::future<T>& f, std::chrono::seconds limit = 10s) {
-  if (f.wait_for(limit) != std::future_status::ready) {
-    ADD_FAILURE() << "timed out";
-    std::abort();
-  }
-  return f.get();
 }
 
 TEST(OnceCacheTest, CreatesOnceAndReturnsTheSameValueOnEveryRequest) {

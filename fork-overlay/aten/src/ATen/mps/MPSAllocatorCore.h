@@ -303,14 +303,7 @@ class CachingAllocatorCore {
     {
       Shard& shard = shardFor(key);
       MutexLock lock(shard.mu);
-      auto it = shard.blocks.find(key);
-      TORCH_CHECK(
-          it != shard.blocks.end() &&
-              it->second->active.load(std::memory_order_relaxed),
-          "MPS allocator: free() of a pointer that is not an allocated "
-          "block (double free, or memory from another allocator): ptr=",
-          key);
-      b = it->second;
+      b = activeBlockLocked(shard, key, "free()");
       on_free(*b);
       b->active.store(false, std::memory_order_relaxed);
       stream = b->stream;
@@ -369,14 +362,7 @@ class CachingAllocatorCore {
     checkStream(stream, "stream");
     Shard& shard = shardFor(key);
     MutexLock lock(shard.mu);
-    auto it = shard.blocks.find(key);
-    TORCH_CHECK(
-        it != shard.blocks.end() &&
-            it->second->active.load(std::memory_order_relaxed),
-        "MPS allocator: recordStream() of a pointer that is not an "
-        "allocated block: ptr=",
-        key);
-    it->second->uses |= bit(stream);
+    activeBlockLocked(shard, key, "recordStream()")->uses |= bit(stream);
   }
 
   // Runs fn(block) under the block's shard lock, with nullptr when `key`
@@ -747,6 +733,21 @@ class CachingAllocatorCore {
 
   // Pops the fences of stream `s` that `done` covers; a block whose last
   // fence goes becomes free. Returns whether any block did.
+  // The handed-out block `key`; raises an error naming `op` otherwise.
+  Block* activeBlockLocked(Shard& shard, const void* key, const char* op)
+      MPS_REQUIRES(shard.mu) {
+    auto it = shard.blocks.find(key);
+    TORCH_CHECK(
+        it != shard.blocks.end() &&
+            it->second->active.load(std::memory_order_relaxed),
+        "MPS allocator: ",
+        op,
+        " of a pointer that is not an allocated block (double free, or "
+        "memory from another allocator): ptr=",
+        key);
+    return it->second;
+  }
+
   bool resolveLocked(Pool& p, StreamIndex s, uint64_t done) MPS_REQUIRES(p.mu) {
     auto& fences = p.fences[s];
     bool freed = false;
