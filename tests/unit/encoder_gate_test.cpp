@@ -20,6 +20,8 @@
 
 namespace {
 
+using harness::getWithin;
+
 using at::mps::computeEncoderGate;
 using at::mps::EncoderLifecycleGate;
 using at::mps::GatedEncoderOps;
@@ -28,15 +30,6 @@ using at::mps::SyncType;
 using namespace std::chrono_literals;
 
 constexpr const char* kVar = "MPS_SERIALIZE_COMPUTE_ENCODERS";
-
-template <typename T>
-T getWithin(std::future<T>& f, std::chrono::seconds limit = 10s) {
-  if (f.wait_for(limit) != std::future_status::ready) {
-    ADD_FAILURE() << "timed out";
-    std::abort();
-  }
-  return f.get();
-}
 
 // A rendezvous that reports failure instead of hanging.
 class Rendezvous {

@@ -17,6 +17,8 @@
 
 namespace {
 
+using harness::getWithin;
+
 using at::mps::GraphPathMode;
 using at::mps::kRacyKernelFamilies;
 using at::mps::parseGraphPathMode;
@@ -28,15 +30,6 @@ using at::mps::SerializedEncode;
 using at::mps::StreamActivity;
 using at::mps::streamActivity;
 using namespace std::chrono_literals;
-
-template <typename T>
-T getWithin(std::future<T>& f, std::chrono::seconds limit = 10s) {
-  if (f.wait_for(limit) != std::future_status::ready) {
-    ADD_FAILURE() << "timed out";
-    std::abort();
-  }
-  return f.get();
-}
 
 TEST(FamilyLockTest, EveryFamilyHasItsOwnName) {
   std::set<std::string> names;

@@ -17,6 +17,8 @@
 
 namespace {
 
+using harness::getWithin;
+
 using at::mps::EncodeGuard;
 using at::mps::ObjectCache;
 using namespace std::chrono_literals;
@@ -63,15 +65,6 @@ class ObjectCacheTest : public harness::SimTest {
   }
   Cache cache_{&identityOf};
 };
-
-template <typename T>
-T getWithin(std::future<T>& f, std::chrono::seconds limit = 10s) {
-  if (f.wait_for(limit) != std::future_status::ready) {
-    ADD_FAILURE() << "timed out";
-    std::abort();
-  }
-  return f.get();
-}
 
 TEST_F(ObjectCacheTest, ConcurrentRequestsOfOneKeyShareOneObjectCreatedOnce) {
   constexpr int kThreads = 12;

@@ -102,20 +102,14 @@ class StreamEvent {
   // Makes later work on `stream` wait (on the GPU) for the recorded work.
   // Returns false when there is nothing to wait for.
   bool wait(Stream& stream, bool commit) MPS_EXCLUDES(mu_) {
-    uint64_t value = 0;
-    Stream* producer = nullptr;
-    {
-      MutexLock lock(mu_);
-      value = recorded_;
-      producer = recorded_stream_;
-    }
-    if (value == 0 || backend_->signaledValue(handle_) >= value) {
+    const Pending p = pending();
+    if (!p.producer) {
       return false;
     }
-    if (producer != &stream) {
-      backend_->commit(*producer);
+    if (p.producer != &stream) {
+      backend_->commit(*p.producer);
     }
-    backend_->encodeWait(stream, handle_, value);
+    backend_->encodeWait(stream, handle_, p.value);
     if (commit) {
       backend_->commit(stream);
     }
@@ -135,17 +129,12 @@ class StreamEvent {
 
   // Blocks the calling thread until the recorded work has completed.
   void synchronize() MPS_EXCLUDES(mu_) {
-    uint64_t value = 0;
-    Stream* producer = nullptr;
-    {
-      MutexLock lock(mu_);
-      value = recorded_;
-      producer = recorded_stream_;
-    }
-    if (value == 0 || backend_->signaledValue(handle_) >= value) {
+    const Pending p = pending();
+    if (!p.producer) {
       return;
     }
-    backend_->commit(*producer);
+    const uint64_t value = p.value;
+    backend_->commit(*p.producer);
     notifyCompletion(value, /*record_time=*/false);
     // Whether Metal notifies a listener registered after the value was
     // reached is not documented, so the value is polled as well.
@@ -210,6 +199,24 @@ class StreamEvent {
   }
 
  private:
+  // The recorded value still to be reached and the stream that signals it;
+  // producer is null when there is nothing to wait for.
+  struct Pending {
+    uint64_t value;
+    Stream* producer;
+  };
+  Pending pending() const MPS_EXCLUDES(mu_) {
+    Pending p{0, nullptr};
+    {
+      MutexLock lock(mu_);
+      p = {recorded_, recorded_stream_};
+    }
+    if (p.value == 0 || backend_->signaledValue(handle_) >= p.value) {
+      return {0, nullptr};
+    }
+    return p;
+  }
+
   // Shared with notification callbacks; outlives the event if needed.
   class Completion {
    public:
