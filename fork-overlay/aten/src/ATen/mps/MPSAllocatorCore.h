@@ -214,6 +214,25 @@ class CachingAllocatorCore {
       kStreamsPerPool <= 32,
       "stream sets are 32-bit masks indexed by StreamIndex");
 
+  struct Block;
+
+ private:
+  // Best fit by size; ties by id so that the order is deterministic.
+  struct BySize {
+    using is_transparent = void;
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->id < b->id;
+    }
+    bool operator()(const Block* a, size_t size) const {
+      return a->size < size;
+    }
+    bool operator()(size_t size, const Block* b) const {
+      return size < b->size;
+    }
+  };
+  using BlockSet = std::set<Block*, BySize>;
+
+ public:
   struct Block {
     // Fixed from device allocation to release.
     Buffer buffer{};
@@ -230,6 +249,10 @@ class CachingAllocatorCore {
     uint64_t fence = 0; // stream cache: pendingPoint(stream) at free
     int64_t cached_at = 0; // when freed (ns), for GC ages
     int outstanding = 0; // pending: fences not yet completed
+    // The set node that held the block when it last left a BlockSet, kept
+    // for its next insertion so that caching a block allocates nothing.
+    // Empty while the block is in a set; owned like the cache state.
+    typename BlockSet::node_type node;
   };
 
   CachingAllocatorCore(
@@ -319,7 +342,7 @@ class CachingAllocatorCore {
       MutexLock lock(cache.mu);
       b->fence = fence;
       b->cached_at = now;
-      cache.blocks.insert(b);
+      insertBlock(cache.blocks, b);
       ++cache.frees;
       cache.allocated_bytes -= static_cast<int64_t>(size);
       if (!(p.cached_streams.load() & bit(stream))) {
@@ -495,21 +518,6 @@ class CachingAllocatorCore {
   }
 
  private:
-  // Best fit by size; ties by id so that the order is deterministic.
-  struct BySize {
-    using is_transparent = void;
-    bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->id < b->id;
-    }
-    bool operator()(const Block* a, size_t size) const {
-      return a->size < size;
-    }
-    bool operator()(size_t size, const Block* b) const {
-      return size < b->size;
-    }
-  };
-  using BlockSet = std::set<Block*, BySize>;
-
   struct alignas(64) StreamCache {
     mutable Mutex mu;
     BlockSet blocks MPS_GUARDED_BY(mu);
@@ -646,6 +654,15 @@ class CachingAllocatorCore {
     return std::max(done, completed_[s].load());
   }
 
+  // Inserts `b`, reusing the node it was last extracted with.
+  static void insertBlock(BlockSet& set, Block* b) {
+    if (b->node) {
+      set.insert(std::move(b->node));
+    } else {
+      set.insert(b);
+    }
+  }
+
   // First block in `set` that fits `size` and satisfies `usable`, removed.
   template <typename Usable>
   static Block* takeFit(
@@ -660,7 +677,7 @@ class CachingAllocatorCore {
         return nullptr; // sorted: every later block is larger still
       }
       if (usable(b)) {
-        set.erase(it);
+        b->node = set.extract(it);
         return b;
       }
     }
@@ -755,7 +772,7 @@ class CachingAllocatorCore {
     for (auto it = fences.begin(); it != end; ++it) {
       Block* b = it->second;
       if (--b->outstanding == 0) {
-        p.free_blocks.insert(b);
+        insertBlock(p.free_blocks, b);
         pending_bytes_.fetch_sub(static_cast<int64_t>(b->size));
         freed = true;
       }
