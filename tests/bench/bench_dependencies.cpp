@@ -35,9 +35,11 @@ class IdleStream final : public at::mps::DependencyStream {
   uint64_t completedMark() const override {
     return 6;
   }
-  void flushAsync() override {}
-  void closePass() override {}
+  void flushAsync(uint64_t) override {}
+  void closePass(bool) override {}
+  void commitOpen() override {}
   void encodeWait(DependencyStream&, uint64_t) override {}
+  void waitCommitted(uint64_t) override {}
   void waitCompleted(uint64_t) override {}
 };
 

@@ -135,13 +135,32 @@ class SimStream final : public at::mps::DependencyStream {
   uint64_t completedMark() const override {
     return lifecycle_.ops().timeline->signaledValue();
   }
-  // Commits now if the serial section is free, else when it is next left.
-  void flushAsync() override {
-    flush_requested_.store(true, std::memory_order_seq_cst);
+  // Commits through `mark` now if the serial section is free, else when it
+  // is next left, as a dispatch_async block would.
+  void flushAsync(uint64_t mark) override {
+    flush_requests_.fetch_add(1, std::memory_order_relaxed);
+    uint64_t want = flush_mark_.load(std::memory_order_seq_cst);
+    while (want < mark &&
+           !flush_mark_.compare_exchange_weak(
+               want, mark, std::memory_order_seq_cst)) {
+    }
     serviceFlushRequestIfFree();
   }
-  void closePass() override {
-    serial([](Lifecycle& lc) { lc.endKernelCoalescing(); });
+  // How often another stream asked this one to commit.
+  uint64_t flushRequests() const {
+    return flush_requests_.load(std::memory_order_relaxed);
+  }
+  void closePass(bool signal_if_empty) override {
+    serial([&](Lifecycle& lc) {
+      if (signal_if_empty) {
+        lc.endPassSignalled();
+      } else {
+        lc.endKernelCoalescing();
+      }
+    });
+  }
+  void commitOpen() override {
+    serial([](Lifecycle& lc) { lc.synchronize(at::mps::SyncType::COMMIT); });
   }
   void encodeWait(DependencyStream& producer, uint64_t mark) override {
     auto& p = static_cast<SimStream&>(producer);
@@ -149,6 +168,9 @@ class SimStream final : public at::mps::DependencyStream {
     serial([&](Lifecycle& lc) {
       lc.commandBuffer()->encodeWait(p.lifecycle_.ops().timeline, mark);
     });
+  }
+  void waitCommitted(uint64_t mark) override {
+    lifecycle_.waitForCommittedMark(mark);
   }
   void waitCompleted(uint64_t mark) override {
     const auto& timeline = lifecycle_.ops().timeline;
@@ -167,12 +189,13 @@ class SimStream final : public at::mps::DependencyStream {
     return ops;
   }
   void serviceFlushRequest() {
-    if (flush_requested_.exchange(false, std::memory_order_seq_cst)) {
-      lifecycle_.synchronize(at::mps::SyncType::COMMIT);
+    const uint64_t mark = flush_mark_.exchange(0, std::memory_order_seq_cst);
+    if (mark != 0) {
+      lifecycle_.commitThrough(mark);
     }
   }
   void serviceFlushRequestIfFree() {
-    while (flush_requested_.load(std::memory_order_seq_cst) &&
+    while (flush_mark_.load(std::memory_order_seq_cst) != 0 &&
            serial_.try_lock()) {
       // try_lock succeeds for a thread already inside (recursive mutex);
       // only a free section may be flushed.
@@ -191,7 +214,8 @@ class SimStream final : public at::mps::DependencyStream {
   const QueuePtr queue_;
   std::recursive_mutex serial_;
   int depth_ = 0; // nesting of serial(); only touched with serial_ held
-  std::atomic<bool> flush_requested_{false};
+  std::atomic<uint64_t> flush_mark_{0}; // highest mark asked for, 0: none
+  std::atomic<uint64_t> flush_requests_{0};
   Lifecycle lifecycle_;
 };
 

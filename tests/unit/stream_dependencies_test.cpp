@@ -1,10 +1,7 @@
 // Cross-stream dependency tracking: values a single queue would give, on
 // many queues, with no explicit synchronisation by the "user".
 
-#include "SimStream.h"
-#include "harness.h"
-
-#include <ATen/mps/MPSStreamDependencies.h>
+#include "dependency_fixture.h"
 
 #include <atomic>
 #include <future>
@@ -17,112 +14,9 @@ using at::mps::Access;
 using at::mps::BufferUses;
 using at::mps::SyncType;
 using at::mps::UseSite;
+using harness::DependencyTest;
+using harness::Tensor;
 using ::testing::HasSubstr;
-
-struct Tensor {
-  sim::BufferPtr buf;
-  BufferUses uses;
-};
-
-class DependencyTest : public harness::SimTest {
- protected:
-  DependencyTest() : harness::SimTest(latency()) {}
-  static sim::Config latency() {
-    sim::Config c;
-    c.seed = 7;
-    c.min_latency = std::chrono::microseconds(100);
-    c.max_latency = std::chrono::microseconds(800);
-    c.reorder_completions = 0.2;
-    // Generous: on a loaded 2-core machine a producer's flush can be slow,
-    // and a GPU wait that times out fails the test with a clear error.
-    c.event_wait_timeout = std::chrono::milliseconds(30000);
-    return c;
-  }
-  void SetUp() override {
-    harness::SimTest::SetUp();
-    tracker_ = std::make_unique<at::mps::DependencyTracker>();
-  }
-  void makeStreams(int n) {
-    for (int i = 0; i < n; ++i) {
-      streams_.push_back(std::make_unique<sim::SimStream>(
-          device().newCommandQueue(), i, i == 0));
-      tracker_->registerStream(*streams_.back());
-    }
-  }
-  void releaseResources() override {
-    for (auto& s : streams_) {
-      s->synchronize(SyncType::COMMIT_AND_WAIT);
-    }
-    streams_.clear();
-  }
-  std::unique_ptr<Tensor> tensor(int64_t value = 0) {
-    auto t = std::make_unique<Tensor>();
-    t->buf = device().newBuffer(1);
-    t->buf->write(0, value);
-    return t;
-  }
-  sim::SimStream& stream(int i) {
-    return *streams_[i];
-  }
-
-  // An op on `s`: out = combine(inputs), on the GPU. With `track`, uses go
-  // through the tracker at `site` first.
-  void op(
-      sim::SimStream& s,
-      std::vector<Tensor*> inputs,
-      Tensor* out,
-      int64_t salt,
-      SyncType sync = SyncType::NONE,
-      UseSite site = UseSite::kBeforeEncoding,
-      bool track = true) {
-    s.serial([&](sim::Lifecycle& lc) {
-      sim::EncoderPtr enc;
-      if (site == UseSite::kInPass) {
-        enc = lc.commandEncoder(); // the op holds an encoder first
-      }
-      if (track) {
-        std::vector<at::mps::DependencyTracker::Use> uses;
-        for (Tensor* in : inputs) {
-          uses.push_back({&in->uses, Access::kRead});
-        }
-        uses.push_back({&out->uses, Access::kWrite});
-        tracker_->use(s, uses, site);
-      }
-      if (!enc) {
-        enc = lc.commandEncoder();
-      }
-      sim::Kernel k;
-      std::vector<sim::BufferPtr> ins;
-      for (Tensor* in : inputs) {
-        k.uses.push_back({in->buf, sim::Access::kRead});
-        ins.push_back(in->buf);
-      }
-      k.uses.push_back({out->buf, sim::Access::kWrite});
-      k.body = [ins, o = out->buf, salt] { o->write(0, combine(ins, salt)); };
-      enc->dispatch(std::move(k));
-      lc.synchronize(sync);
-    });
-  }
-  // Unsigned, so that the hash wraps instead of overflowing.
-  static uint64_t mix(uint64_t v, int64_t x) {
-    return v * 1000003u + static_cast<uint64_t>(x);
-  }
-  static int64_t combine(const std::vector<sim::BufferPtr>& ins, int64_t salt) {
-    uint64_t v = static_cast<uint64_t>(salt);
-    for (auto& b : ins) {
-      v = mix(v, b->read(0));
-    }
-    return static_cast<int64_t>(v);
-  }
-  // Reads on the host after the producer of `t`, as .cpu()/.item() do.
-  int64_t hostRead(sim::SimStream& any, Tensor& t) {
-    tracker_->use(any, t.uses, Access::kRead, UseSite::kHost);
-    return t.buf->read(0);
-  }
-
-  std::unique_ptr<at::mps::DependencyTracker> tracker_;
-  std::vector<std::unique_ptr<sim::SimStream>> streams_;
-};
 
 TEST_F(DependencyTest, SameStreamUsesNeedNoWaits) {
   makeStreams(1);
@@ -208,16 +102,22 @@ TEST_F(DependencyTest, BusyProducerCommitsWhenItLeavesItsSerialSection) {
     });
   });
   entered.wait();
-  op(stream(1), {x.get()}, y.get(), 2, SyncType::COMMIT); // must not block
-  auto consumer_done = std::async(
-      std::launch::async, [&] { stream(1).lifecycle().waitForCommitPoint(1); });
+  // The producer's mark is not committed: the consumer asks for a commit and
+  // waits for it before encoding a GPU wait (Progress rule 1).
+  auto consumer_done = std::async(std::launch::async, [&] {
+    op(stream(1), {x.get()}, y.get(), 2, SyncType::COMMIT);
+    stream(1).lifecycle().waitForCommitPoint(1);
+  });
   EXPECT_EQ(
       consumer_done.wait_for(std::chrono::milliseconds(50)),
       std::future_status::timeout); // producer still holds its window
+  EXPECT_EQ(stream(0).flushRequests(), 1u);
   leave.countDown();
   busy.join();
   consumer_done.get();
   EXPECT_EQ(y->buf->read(0), 2 * 1000003 + 9);
+  EXPECT_EQ(tracker_->commitWaits(), 1u);
+  EXPECT_EQ(tracker_->gpuWaits(), 1u);
 }
 
 TEST_F(DependencyTest, HostReadWaitsForTheProducerOnly) {

@@ -144,6 +144,28 @@ class CommandBufferLifecycle {
     endEncoder();
   }
 
+  // Ends the open pass like endKernelCoalescing(), but signals its mark even
+  // if the pass carried no work, so that the mark completes once the work
+  // before it has. See Note [MPS cross-stream dependencies] for why a mark
+  // may be needed without work behind it.
+  void endPassSignalled() MPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    markPassUsed();
+    endEncoder();
+  }
+
+  // What a deferred flush does: ends the open pass if it is still the one
+  // with mark `mark` (signalled even if empty, as in endPassSignalled()),
+  // then commits, so that `mark` reaches committedMark().
+  void commitThrough(uint64_t mark) MPS_EXCLUDES(mu_, timeline_mu_) {
+    MutexLock lock(mu_);
+    if (open_mark_.load(std::memory_order_relaxed) <= mark) {
+      markPassUsed();
+    }
+    endEncoder();
+    commitOpen(commit_and_continue_);
+  }
+
   void synchronize(SyncType sync_type) MPS_EXCLUDES(mu_, timeline_mu_) {
     uint64_t wait_for = 0;
     {
@@ -237,7 +259,9 @@ class CommandBufferLifecycle {
   uint64_t openMark() const {
     return open_mark_.load(std::memory_order_acquire);
   }
-  // The last mark whose signal is in a committed command buffer.
+  // The last mark whose signal is in a committed command buffer. Set after
+  // the commit, so a GPU wait for a mark it covers never waits on work that
+  // is not yet submitted.
   uint64_t committedMark() const {
     return committed_mark_.load(std::memory_order_acquire);
   }
@@ -248,6 +272,14 @@ class CommandBufferLifecycle {
   uint64_t completedCommitPoint() const MPS_EXCLUDES(timeline_mu_) {
     MutexLock tl(timeline_mu_);
     return completed_;
+  }
+
+  // Blocks until committedMark() reaches `mark`.
+  void waitForCommittedMark(uint64_t mark) MPS_EXCLUDES(timeline_mu_) {
+    MutexLock tl(timeline_mu_);
+    completed_cv_.wait(timeline_mu_, [&] {
+      return committed_mark_.load(std::memory_order_acquire) >= mark;
+    });
   }
 
   // Blocks until commit point `value` has completed. Throws if a command
@@ -283,6 +315,13 @@ class CommandBufferLifecycle {
     return buffer_;
   }
 
+  // Gives the open pass work to signal: the open buffer joins the next
+  // commit and the pass's mark is signalled when it ends.
+  void markPassUsed() MPS_REQUIRES(mu_) {
+    openBuffer();
+    dirty_ = pass_has_work_ = true;
+  }
+
   // Ends the open pass: its encoder, and its mark if it carried work.
   void endEncoder() MPS_REQUIRES(mu_) {
     if (has_encoder_) {
@@ -315,9 +354,7 @@ class CommandBufferLifecycle {
           markCompleted(point, status);
         });
     // Callers end the pass first, so every signalled mark goes with it.
-    committed_mark_.store(
-        open_mark_.load(std::memory_order_relaxed) - 1,
-        std::memory_order_release);
+    const uint64_t signalled = open_mark_.load(std::memory_order_relaxed) - 1;
     if (keep_open) {
       ops_.commitAndContinue(buffer_);
     } else {
@@ -325,6 +362,11 @@ class CommandBufferLifecycle {
       ops_.release(buffer_);
       has_buffer_ = false;
     }
+    // Published only once the signals are submitted: another stream encodes
+    // a GPU wait for a mark only after seeing it here.
+    MutexLock tl(timeline_mu_);
+    committed_mark_.store(signalled, std::memory_order_release);
+    completed_cv_.notifyAll();
   }
 
   void markCompleted(uint64_t point, const CompletionStatus& status)
@@ -374,7 +416,9 @@ class CommandBufferLifecycle {
   bool dirty_ MPS_GUARDED_BY(mu_) = false;
   // Set with dirty_, cleared when the pass ends (and its mark is signalled).
   bool pass_has_work_ MPS_GUARDED_BY(mu_) = false;
-  // Written under mu_, read without it.
+  // open_mark_ is written under mu_, committed_mark_ under mu_ and
+  // timeline_mu_ (waitForCommittedMark() waits on it); both are read
+  // without locks.
   std::atomic<uint64_t> open_mark_{1};
   std::atomic<uint64_t> committed_mark_{0};
   Buffer buffer_ MPS_GUARDED_BY(mu_){};

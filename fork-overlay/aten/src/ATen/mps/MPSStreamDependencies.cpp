@@ -7,6 +7,14 @@
 #include <algorithm>
 #include <vector>
 
+// The harness builds this file a second time with this hook defined, to stop
+// a thread right after the fast path published the use of buffer `i` of an
+// op: the point where a takeover by another stream must not be able to make
+// the two streams wait for each other (stream_dependencies_race_test).
+#ifndef MPS_DEPENDENCY_FAST_PATH_HOOK
+#define MPS_DEPENDENCY_FAST_PATH_HOOK(i)
+#endif
+
 namespace at::mps {
 
 namespace {
@@ -21,11 +29,18 @@ constexpr uint64_t pointOf(uint64_t packed) {
   return packed / kStreamsPerPool;
 }
 
-// BufferUses::sole_user_ holds (stream + 1), plus this bit once that stream
-// has written the buffer during its sole-use period.
-constexpr uint32_t kWroteBit = 1u << 8;
-constexpr uint32_t kOwnerMask = kWroteBit - 1;
-static_assert(kStreamsPerPool < kWroteBit, "owner must fit below kWroteBit");
+// BufferUses::sole_: (mark << kMarkShift) | kWroteBit | (stream + 1).
+constexpr uint64_t kOwnerMask = 0xff;
+constexpr uint64_t kWroteBit = 1u << 8;
+constexpr int kMarkShift = 9;
+static_assert(
+    kStreamsPerPool < kOwnerMask,
+    "stream + 1 must fit the owner bits");
+
+constexpr uint64_t soleWord(StreamIndex stream, uint64_t mark, bool wrote) {
+  return (mark << kMarkShift) | (wrote ? kWroteBit : 0) |
+      (static_cast<uint64_t>(stream) + 1);
+}
 
 } // namespace
 
@@ -80,12 +95,6 @@ size_t BufferUseTable::size() const {
   return n;
 }
 
-DependencyTracker::DependencyTracker() {
-  for (auto& w : waiting_on_) {
-    w.store(-1, std::memory_order_relaxed);
-  }
-}
-
 void DependencyTracker::registerStream(DependencyStream& stream) {
   streams_.at(stream.index()).store(&stream, std::memory_order_release);
 }
@@ -97,11 +106,21 @@ void DependencyTracker::use(
     UseSite site) {
   const StreamIndex me = consumer.index();
   if (site == UseSite::kBeforeEncoding) {
-    consumer.closePass(); // the op's work gets a mark of its own
+    consumer.closePass(/*signal_if_empty=*/false); // the op gets its own mark
   }
-  const uint64_t mark = consumer.openMark();
-  if (site != UseSite::kHost && tryFastPath(me, mark, uses, count)) {
-    return;
+  uint64_t mark = consumer.openMark();
+  if (site != UseSite::kHost) {
+    switch (tryFastPath(me, mark, uses, count)) {
+      case FastPath::kRecorded:
+        return;
+      case FastPath::kPartlyRecorded:
+        // See "Fast path" in the Note: abandon this mark, record at the next.
+        consumer.closePass(/*signal_if_empty=*/true);
+        mark = consumer.openMark();
+        break;
+      case FastPath::kNotTaken:
+        break;
+    }
   }
 
   // Strict two-phase locking: an op's buffers are locked together (in address
@@ -127,42 +146,55 @@ void DependencyTracker::use(
   std::sort(needs.begin(), needs.end(), [](const Need& a, const Need& b) {
     return a.stream != b.stream ? a.stream < b.stream : a.point > b.point;
   });
-  for (size_t i = 0; i < needs.size(); ++i) {
-    if (i == 0 || needs[i].stream != needs[i - 1].stream) {
-      resolve(consumer, needs[i], site);
-    }
+  needs.erase(
+      std::unique(
+          needs.begin(),
+          needs.end(),
+          [](const Need& a, const Need& b) { return a.stream == b.stream; }),
+      needs.end());
+  if (!needs.empty()) {
+    resolve(consumer, needs, site);
   }
 }
 
 // The fast path (see the Note) applies when every buffer of the op is used
-// by this stream alone. Each mark is published before the owner word is
-// checked again, so a slow path on another stream that takes a buffer over
-// either sees the mark or makes this op fall back to the slow path (which
-// records the same uses again, harmlessly).
-bool DependencyTracker::tryFastPath(
+// by this stream alone. kInPass ops of several buffers never take it: their
+// pass is open, so a partly published op could not move to a fresh mark.
+DependencyTracker::FastPath DependencyTracker::tryFastPath(
     StreamIndex me,
     uint64_t mark,
     const Use* uses,
     size_t count) {
-  const uint32_t owner = static_cast<uint32_t>(me) + 1;
+  const uint64_t owner = static_cast<uint64_t>(me) + 1;
   for (size_t i = 0; i < count; ++i) {
-    const uint32_t seen =
-        uses[i].buffer->sole_user_.load(std::memory_order_seq_cst);
+    const uint64_t seen = uses[i].buffer->sole_.load(std::memory_order_acquire);
     if ((seen & kOwnerMask) != owner ||
         (uses[i].access == Access::kWrite && !(seen & kWroteBit))) {
-      return false;
+      return FastPath::kNotTaken;
     }
   }
+  bool published = false;
   for (size_t i = 0; i < count; ++i) {
-    BufferUses& b = *uses[i].buffer;
-    const uint32_t seen = b.sole_user_.load(std::memory_order_seq_cst);
-    b.sole_point_.store(mark, std::memory_order_seq_cst);
-    if (b.sole_user_.load(std::memory_order_seq_cst) != seen ||
-        (seen & kOwnerMask) != owner) {
-      return false;
+    std::atomic<uint64_t>& word = uses[i].buffer->sole_;
+    uint64_t seen = word.load(std::memory_order_acquire);
+    const uint64_t want =
+        (mark << kMarkShift) | (seen & ~(~0ull << kMarkShift));
+    // The same mark again (kernels coalesced into one pass) is recorded
+    // already: one load, no write.
+    if (seen != want) {
+      if ((seen & kOwnerMask) != owner ||
+          !word.compare_exchange_strong(
+              seen,
+              want,
+              std::memory_order_acq_rel,
+              std::memory_order_acquire)) {
+        return published ? FastPath::kPartlyRecorded : FastPath::kNotTaken;
+      }
+      published = true;
+      MPS_DEPENDENCY_FAST_PATH_HOOK(i);
     }
   }
-  return true;
+  return FastPath::kRecorded;
 }
 
 // Escape hatch: the number of locks depends on the op, which the analysis
@@ -189,13 +221,11 @@ void DependencyTracker::record(
     Access access,
     UseSite site,
     std::vector<Need>& needs) MPS_NO_THREAD_SAFETY_ANALYSIS {
-  const uint32_t owner = static_cast<uint32_t>(me) + 1;
   // Fold the sole-use period into the records.
-  const uint32_t sole =
-      buffer.sole_user_.exchange(0, std::memory_order_seq_cst);
+  const uint64_t sole = buffer.sole_.exchange(0, std::memory_order_acq_rel);
   if (sole != 0) {
     const StreamIndex s = static_cast<StreamIndex>((sole & kOwnerMask) - 1);
-    const uint64_t p = buffer.sole_point_.load(std::memory_order_seq_cst);
+    const uint64_t p = sole >> kMarkShift;
     if (sole & kWroteBit) {
       buffer.last_write_ = pack(s, p);
       buffer.reads_.fill(0);
@@ -240,79 +270,122 @@ void DependencyTracker::record(
     }
     if (writer_is_me && !others_read) {
       // Hand the buffer to the fast path, records folded into the word.
-      const bool wrote = buffer.last_write_ != 0;
-      buffer.sole_point_.store(
+      const uint64_t word = soleWord(
+          me,
           std::max(buffer.reads_[me], pointOf(buffer.last_write_)),
-          std::memory_order_seq_cst);
+          buffer.last_write_ != 0);
       buffer.last_write_ = 0;
       buffer.reads_[me] = 0;
-      buffer.sole_user_.store(
-          owner | (wrote ? kWroteBit : 0), std::memory_order_seq_cst);
+      buffer.sole_.store(word, std::memory_order_release);
     }
   }
 }
 
 void DependencyTracker::resolve(
     DependencyStream& consumer,
-    const Need& need,
+    const std::vector<Need>& needs,
     UseSite site) {
-  DependencyStream& producer =
-      *streams_[need.stream].load(std::memory_order_acquire);
-  if (producer.completedMark() >= need.point) {
+  bool committed_own = false;
+  for (const Need& need : needs) {
+    DependencyStream& producer =
+        *streams_[need.stream].load(std::memory_order_acquire);
+    if (producer.completedMark() >= need.point) {
+      continue;
+    }
+    switch (site) {
+      case UseSite::kBeforeEncoding:
+        // Progress rule 1: only committed marks are waited for on the GPU.
+        if (producer.committedMark() < need.point) {
+          if (!committed_own) {
+            consumer.commitOpen();
+            committed_own = true;
+          }
+          producer.flushAsync(need.point);
+          waitFor(consumer, producer, need.point, Until::kCommitted);
+          commit_waits_.fetch_add(1, std::memory_order_relaxed);
+        }
+        break;
+      case UseSite::kInPass:
+        if (producer.committedMark() < need.point) {
+          producer.flushAsync(need.point);
+        }
+        waitFor(consumer, producer, need.point, Until::kCompleted);
+        cpu_waits_.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case UseSite::kHost:
+        if (producer.committedMark() < need.point) {
+          producer.flushAsync(need.point);
+        }
+        producer.waitCompleted(need.point);
+        cpu_waits_.fetch_add(1, std::memory_order_relaxed);
+        break;
+    }
+  }
+  if (site != UseSite::kBeforeEncoding) {
     return;
   }
-  if (producer.committedMark() < need.point) {
-    producer.flushAsync();
-  }
-  switch (site) {
-    case UseSite::kBeforeEncoding:
+  // Every mark is committed now; the waits join the op's (still empty) pass.
+  for (const Need& need : needs) {
+    DependencyStream& producer =
+        *streams_[need.stream].load(std::memory_order_acquire);
+    if (producer.completedMark() < need.point) {
       consumer.encodeWait(producer, need.point);
       gpu_waits_.fetch_add(1, std::memory_order_relaxed);
-      return;
-    case UseSite::kInPass:
-      waitInPass(consumer, producer, need.point);
-      return;
-    case UseSite::kHost:
-      producer.waitCompleted(need.point);
-      cpu_waits_.fetch_add(1, std::memory_order_relaxed);
-      return;
+    }
   }
 }
 
-void DependencyTracker::waitInPass(
+void DependencyTracker::waitFor(
     DependencyStream& consumer,
     DependencyStream& producer,
-    uint64_t point) {
+    uint64_t point,
+    Until until) {
   const StreamIndex me = consumer.index();
-  waiting_on_[me].store(producer.index(), std::memory_order_seq_cst);
-  // Follow the waits-for chain: if it leads back here, both passes need each
-  // other's open work and no order exists without splitting a pass.
+  std::atomic<uint64_t>& mine = waiting_on_[me];
+  mine.store(pack(producer.index(), point), std::memory_order_seq_cst);
+  // Follow the waits while each awaited mark is uncommitted (a committed one
+  // completes on the GPU alone). Coming back here means a kInPass wait needs
+  // this thread's own uncommitted work: no order exists.
   StreamIndex s = producer.index();
-  for (int hops = 0; hops < kStreamsPerPool && s >= 0; ++hops) {
+  uint64_t m = point;
+  for (int hops = 0; hops <= kStreamsPerPool; ++hops) {
+    DependencyStream* ds = streams_[s].load(std::memory_order_acquire);
+    if (ds->committedMark() >= m) {
+      break;
+    }
     if (s == me) {
-      waiting_on_[me].store(-1, std::memory_order_seq_cst);
+      mine.store(0, std::memory_order_seq_cst);
       TORCH_CHECK(
           false,
           "MPS stream ",
           me,
           " and stream ",
           producer.index(),
-          " are each encoding a kernel that reads a buffer the other one is "
-          "still writing in its open pass, so neither can go first. Order "
-          "the two threads (torch.mps.synchronize(), an Event, or "
-          "Stream.wait_stream) or let one finish before the other uses its "
-          "outputs. See reports/cross-stream-contract.md.");
+          " each need work the other has not submitted, and one of them is "
+          "encoding a Metal kernel that reads a buffer the other one is "
+          "still writing, so neither can go first. Order the two threads "
+          "(torch.mps.synchronize(), an Event, or Stream.wait_stream) or let "
+          "one finish before the other uses its outputs. See "
+          "reports/cross-stream-contract.md.");
     }
-    s = waiting_on_[s].load(std::memory_order_seq_cst);
+    const uint64_t next = waiting_on_[s].load(std::memory_order_seq_cst);
+    if (next == 0) {
+      break;
+    }
+    s = streamOf(next);
+    m = pointOf(next);
   }
   try {
-    producer.waitCompleted(point);
+    if (until == Until::kCommitted) {
+      producer.waitCommitted(point);
+    } else {
+      producer.waitCompleted(point);
+    }
   } catch (...) {
-    waiting_on_[me].store(-1, std::memory_order_seq_cst);
+    mine.store(0, std::memory_order_seq_cst);
     throw;
   }
-  waiting_on_[me].store(-1, std::memory_order_seq_cst);
-  cpu_waits_.fetch_add(1, std::memory_order_relaxed);
+  mine.store(0, std::memory_order_seq_cst);
 }
 
 } // namespace at::mps

@@ -29,9 +29,6 @@ namespace at::mps {
 // the stream's timeline event with the pass's mark, 1, 2, 3, ... (see
 // Note [MPS command buffer lifecycle]). Work encoded in the open pass is "at"
 // the open mark; it has finished once the timeline event reaches that mark.
-// Marks are per pass, not per command buffer, on purpose: a wait then always
-// targets a signal placed right after the producing pass and before any wait
-// the producer encodes later, so waits can never form a cycle on the GPU.
 //
 // Record. Each buffer remembers the last write (stream, mark) and, per
 // stream, the last read since that write. A use by stream C:
@@ -40,29 +37,55 @@ namespace at::mps {
 //     (WAW) -- each only while not yet completed;
 //   - then replaces what it dominates: a write becomes the only record (it is
 //     ordered after everything recorded before it); a read joins the reads.
-// The fast path is a buffer used only by the calling stream: one load of the
-// owner word, one compare, one store of the mark.
+// An op's uses are recorded together under its buffers' locks (taken in
+// address order), so ops that share buffers are recorded in one serial
+// order, and every wait points from a later op to an earlier one.
+//
+// Fast path. A buffer used by one stream only carries a single word, (mark,
+// wrote, stream); a use by that stream replaces the word with a
+// compare-and-swap and takes no lock. Another stream takes the buffer over
+// by exchanging the word for 0 under the buffer's lock. A use is recorded
+// exactly when its swap succeeds, so a takeover sees it or it falls back to
+// the locked path; a published mark never belongs to a use that is recorded
+// again later. An op of several buffers can lose one after publishing
+// others: whoever took a published buffer over is now ordered after this op
+// at its mark, while the op's fallback records it after them. The op then
+// ends its pass with an empty signal and records everything at the next
+// mark; a wait for the abandoned mark is satisfied by the work before it,
+// which is exactly what the serial order gives the taker.
 //
 // Resolution, by where the use is made (UseSite):
 //   kBeforeEncoding: the consumer is in its serial section and the op holds
 //     no encoder yet (graph ops at encode time, copies). The consumer's open
-//     pass is ended first, so the use gets a fresh mark, then a GPU-side wait
-//     for the producer's mark is encoded on the consumer: the CPU never
-//     blocks.
+//     pass is ended first, so the use gets a fresh mark; then, for each
+//     producer mark not completed yet, a GPU-side wait is encoded on the
+//     consumer.
 //   kInPass: the op already holds a compute encoder (custom Metal kernels
 //     binding buffers). No event wait can be encoded inside a pass, so the
 //     calling thread waits on the CPU until the producer's mark completes.
 //   kHost: the CPU itself reads or writes the memory (device-to-host copies);
-//     it waits for the producer's mark only, never for the whole device.
+//     it waits for the producer's mark only, never for the whole device. The
+//     caller must not be inside a stream's serial section.
 //
-// Progress. A mark can only complete once its signal is committed. The
-// tracker asks the producer to commit with flushAsync(), which never blocks:
-// it commits at once if the producer's serial section is free, else as soon
-// as it is left (dispatch_async in PyTorch). No stream ever blocks on another
-// stream's serial section, so there is no lock-order cycle. The one case with
-// no valid order is two kInPass uses that each need the other's still-open
-// pass; the tracker detects that cycle and raises an error naming both
-// streams instead of hanging (see reports/cross-stream-contract.md).
+// Progress. Two rules keep the GPU from ever depending on a CPU thread:
+//   1. A GPU wait is encoded only for a mark that is already committed
+//      (committedMark()). If it is not, the consumer first commits its own
+//      open work (so it holds no uncommitted mark while blocked), asks the
+//      producer to commit with flushAsync(), which never blocks, and waits
+//      on the CPU until it has. Waits only point to earlier ops, and only to
+//      submitted signals, so every committed command buffer completes
+//      without help from any thread, and a thread blocked on a full queue
+//      (Metal's in-flight command-buffer limit) is eventually let through.
+//   2. A mark that was recorded is eventually signalled, even if the op that
+//      took it failed before encoding: flushAsync(mark) ends the open pass
+//      with a signal if it is still the pass of `mark`.
+// A thread blocked on another stream (rules 1 and kInPass) leaves the
+// (stream, mark) it waits for in waiting_on_. Following those edges while
+// each awaited mark is still uncommitted finds the one case with no valid
+// order: a kInPass wait, whose thread cannot commit while it holds its
+// encoder, that (directly or through other waits) needs its own open pass.
+// The tracker raises an error naming both streams instead of hanging (see
+// reports/cross-stream-contract.md).
 
 enum class Access : uint8_t { kRead, kWrite };
 enum class UseSite : uint8_t { kBeforeEncoding, kInPass, kHost };
@@ -78,16 +101,24 @@ class DependencyStream {
   // The last mark whose signal is committed, and the last one signalled.
   virtual uint64_t committedMark() const = 0;
   virtual uint64_t completedMark() const = 0;
-  // Commit the open work as soon as the serial section is free; never blocks.
-  virtual void flushAsync() = 0;
+  // Makes `mark` committed as soon as the serial section is free, never
+  // blocking the caller: ends the open pass if it is still the one of
+  // `mark` (signalling it even if empty), then commits.
+  virtual void flushAsync(uint64_t mark) = 0;
   // In this stream's serial section, with no encoder held by the caller: end
-  // the open pass (signalling its mark if it carried work).
-  virtual void closePass() = 0;
+  // the open pass, signalling its mark if it carried work or if
+  // `signal_if_empty`.
+  virtual void closePass(bool signal_if_empty) = 0;
+  // In this stream's serial section, with no encoder held by the caller:
+  // commit the open work.
+  virtual void commitOpen() = 0;
   // After closePass(), in the same serial section: make later work on this
-  // stream wait (on the GPU) until `producer` reaches `mark`. The wait joins
-  // the open pass; it must not end it.
+  // stream wait (on the GPU) until `producer` reaches `mark`, which must be
+  // committed. The wait joins the open pass; it must not end it.
   virtual void encodeWait(DependencyStream& producer, uint64_t mark) = 0;
-  // Blocks the calling thread until this stream reaches `mark`.
+  // Block the calling thread until this stream's `mark` is committed, or
+  // completed.
+  virtual void waitCommitted(uint64_t mark) = 0;
   virtual void waitCompleted(uint64_t mark) = 0;
 };
 
@@ -101,11 +132,10 @@ class TORCH_API BufferUses {
 
  private:
   friend class DependencyTracker;
-  // Owner word for the fast path: (stream + 1) when every recorded use is by
-  // that one stream, else 0.
-  std::atomic<uint32_t> sole_user_{0};
-  // Latest mark of the sole user's uses.
-  std::atomic<uint64_t> sole_point_{0};
+  // The fast path's word while every recorded use is by one stream, else 0:
+  //   bit 63 ................. 9 |   8   | 7 ...... 0
+  //   |   mark of the last use   | wrote | stream + 1 |
+  std::atomic<uint64_t> sole_{0};
   Mutex mu_;
   // Packed as mark * kStreamsPerPool + stream; 0 means none.
   uint64_t last_write_ MPS_GUARDED_BY(mu_) = 0;
@@ -146,7 +176,7 @@ class TORCH_API BufferUseTable {
 
 class TORCH_API DependencyTracker {
  public:
-  DependencyTracker();
+  DependencyTracker() = default;
 
   // Registers the stream of a pool slot (once, when it is created).
   void registerStream(DependencyStream& stream);
@@ -188,13 +218,18 @@ class TORCH_API DependencyTracker {
   uint64_t cpuWaits() const {
     return cpu_waits_.load(std::memory_order_relaxed);
   }
+  // Waits for another stream's commit before encoding a GPU wait.
+  uint64_t commitWaits() const {
+    return commit_waits_.load(std::memory_order_relaxed);
+  }
 
  private:
   struct Need {
     StreamIndex stream;
     uint64_t point;
   };
-  bool tryFastPath(
+  enum class FastPath : uint8_t { kRecorded, kNotTaken, kPartlyRecorded };
+  FastPath tryFastPath(
       StreamIndex me,
       uint64_t mark,
       const Use* uses,
@@ -210,17 +245,26 @@ class TORCH_API DependencyTracker {
       Access access,
       UseSite site,
       std::vector<Need>& needs);
-  void resolve(DependencyStream& consumer, const Need& need, UseSite site);
-  void waitInPass(
+  void resolve(
+      DependencyStream& consumer,
+      const std::vector<Need>& needs,
+      UseSite site);
+  enum class Until : uint8_t { kCommitted, kCompleted };
+  // Blocks `consumer`'s thread until `producer` reaches `point`, publishing
+  // the wait for cycle detection first.
+  void waitFor(
       DependencyStream& consumer,
       DependencyStream& producer,
-      uint64_t point);
+      uint64_t point,
+      Until until);
 
   std::array<std::atomic<DependencyStream*>, kStreamsPerPool> streams_{};
-  // Which stream each in-pass waiter waits for (-1: none); for cycles.
-  std::array<std::atomic<int>, kStreamsPerPool> waiting_on_{};
+  // The (stream, mark) each blocked stream waits for, packed as in
+  // BufferUses, 0 when none; see the Progress part of the Note.
+  std::array<std::atomic<uint64_t>, kStreamsPerPool> waiting_on_{};
   std::atomic<uint64_t> gpu_waits_{0};
   std::atomic<uint64_t> cpu_waits_{0};
+  std::atomic<uint64_t> commit_waits_{0};
 };
 
 } // namespace at::mps

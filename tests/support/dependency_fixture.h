@@ -1,0 +1,124 @@
+#pragma once
+
+// Fixture of the cross-stream dependency tests: simulated streams registered
+// with a DependencyTracker, and ops that compute on one-word tensors so that
+// a missing dependency shows up as a wrong value.
+
+#include "SimStream.h"
+#include "harness.h"
+
+#include <ATen/mps/MPSStreamDependencies.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace harness {
+
+struct Tensor {
+  sim::BufferPtr buf;
+  at::mps::BufferUses uses;
+};
+
+class DependencyTest : public SimTest {
+ protected:
+  explicit DependencyTest(sim::Config config = latency())
+      : SimTest(std::move(config)) {}
+  static sim::Config latency() {
+    sim::Config c;
+    c.seed = 7;
+    c.min_latency = std::chrono::microseconds(100);
+    c.max_latency = std::chrono::microseconds(800);
+    c.reorder_completions = 0.2;
+    // Generous: on a loaded 2-core machine a producer's flush can be slow,
+    // and a GPU wait that times out fails the test with a clear error.
+    c.event_wait_timeout = std::chrono::milliseconds(30000);
+    return c;
+  }
+  void SetUp() override {
+    SimTest::SetUp();
+    tracker_ = std::make_unique<at::mps::DependencyTracker>();
+  }
+  void makeStreams(int n) {
+    for (int i = 0; i < n; ++i) {
+      streams_.push_back(std::make_unique<sim::SimStream>(
+          device().newCommandQueue(), i, i == 0));
+      tracker_->registerStream(*streams_.back());
+    }
+  }
+  void releaseResources() override {
+    for (auto& s : streams_) {
+      s->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+    }
+    streams_.clear();
+  }
+  std::unique_ptr<Tensor> tensor(int64_t value = 0) {
+    auto t = std::make_unique<Tensor>();
+    t->buf = device().newBuffer(1);
+    t->buf->write(0, value);
+    return t;
+  }
+  sim::SimStream& stream(int i) {
+    return *streams_[i];
+  }
+
+  // An op on `s`: out = combine(inputs), on the GPU. With `track`, uses go
+  // through the tracker at `site` first.
+  void op(
+      sim::SimStream& s,
+      std::vector<Tensor*> inputs,
+      Tensor* out,
+      int64_t salt,
+      at::mps::SyncType sync = at::mps::SyncType::NONE,
+      at::mps::UseSite site = at::mps::UseSite::kBeforeEncoding,
+      bool track = true) {
+    s.serial([&](sim::Lifecycle& lc) {
+      sim::EncoderPtr enc;
+      if (site == at::mps::UseSite::kInPass) {
+        enc = lc.commandEncoder(); // the op holds an encoder first
+      }
+      if (track) {
+        std::vector<at::mps::DependencyTracker::Use> uses;
+        for (Tensor* in : inputs) {
+          uses.push_back({&in->uses, at::mps::Access::kRead});
+        }
+        uses.push_back({&out->uses, at::mps::Access::kWrite});
+        tracker_->use(s, uses, site);
+      }
+      if (!enc) {
+        enc = lc.commandEncoder();
+      }
+      sim::Kernel k;
+      std::vector<sim::BufferPtr> ins;
+      for (Tensor* in : inputs) {
+        k.uses.push_back({in->buf, sim::Access::kRead});
+        ins.push_back(in->buf);
+      }
+      k.uses.push_back({out->buf, sim::Access::kWrite});
+      k.body = [ins, o = out->buf, salt] { o->write(0, combine(ins, salt)); };
+      enc->dispatch(std::move(k));
+      lc.synchronize(sync);
+    });
+  }
+  // Unsigned, so that the hash wraps instead of overflowing.
+  static uint64_t mix(uint64_t v, int64_t x) {
+    return v * 1000003u + static_cast<uint64_t>(x);
+  }
+  static int64_t combine(const std::vector<sim::BufferPtr>& ins, int64_t salt) {
+    uint64_t v = static_cast<uint64_t>(salt);
+    for (auto& b : ins) {
+      v = mix(v, b->read(0));
+    }
+    return static_cast<int64_t>(v);
+  }
+  // Reads on the host after the producer of `t`, as .cpu()/.item() do.
+  int64_t hostRead(sim::SimStream& any, Tensor& t) {
+    tracker_->use(any, t.uses, at::mps::Access::kRead, at::mps::UseSite::kHost);
+    return t.buf->read(0);
+  }
+
+  std::unique_ptr<at::mps::DependencyTracker> tracker_;
+  std::vector<std::unique_ptr<sim::SimStream>> streams_;
+};
+
+} // namespace harness
