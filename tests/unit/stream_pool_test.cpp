@@ -410,6 +410,28 @@ TEST(StreamPoolTest, GuardSetsAndRestoresTheCurrentStream) {
   EXPECT_EQ(t.pool->currentIndex(), 0);
 }
 
+// A stream guard restores the stream it replaced; releasing the lease under
+// it would put the thread back on a slot it no longer owns.
+TEST(StreamPoolTest, ReleasingTheLeaseInsideAStreamGuardIsRefused) {
+  PoolUnderTest t;
+  onThread([&] {
+    const StreamIndex mine = t.pool->currentIndex();
+    {
+      at::mps::CurrentStreamGuard<Pool> g(*t.pool, mine == 7 ? 8 : 7);
+      EXPECT_TORCH_ERROR(
+          t.pool->releaseCurrentThreadSlot(),
+          "release_current_thread_slot(): the calling thread's current "
+          "stream");
+      EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
+    }
+    EXPECT_EQ(t.pool->currentIndex(), mine);
+    t.pool->releaseCurrentThreadSlot();
+    EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
+    return 0;
+  });
+  EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
+}
+
 TEST(StreamIdTest, MapsSlotIndicesToStreamIdsAndBack) {
   for (StreamIndex i = 0; i < kStreamsPerPool; ++i) {
     EXPECT_EQ(at::mps::streamIndexFromId(at::mps::streamIdFromIndex(i)), i);
@@ -470,6 +492,32 @@ TEST(StreamPoolTest, ChildAfterForkGetsAClearError) {
   });
   EXPECT_EQ(child, 0);
   EXPECT_EQ(t.pool->currentIndex(), 0); // the parent is unaffected
+}
+
+// A leasing thread that forks and then ends the child with exit() runs its
+// thread_local destructors there: they must not hand the lease back to the
+// parent's pool (the release hook would drive the parent's streams).
+TEST(StreamPoolTest, ThreadExitInAForkChildLeavesTheParentPoolAlone) {
+  PoolUnderTest t;
+  const pid_t parent = getpid();
+  t.pool->slots().setReleaseHook([parent](StreamIndex) {
+    if (getpid() != parent) {
+      _exit(42);
+    }
+  });
+  const int child = onThread([&] {
+    EXPECT_GT(t.pool->currentIndex(), 0); // holds a lease
+    const pid_t pid = fork();
+    if (pid == 0) {
+      // The child never destroys the parent's pool or its mock.
+      ::testing::Mock::AllowLeak(t.backend);
+      std::exit(0); // runs this thread's thread_local destructors
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+  });
+  EXPECT_EQ(child, 0);
 }
 
 TEST(StreamPoolDeathTest, ProcessExitWhileThreadsHoldLeasesIsClean) {

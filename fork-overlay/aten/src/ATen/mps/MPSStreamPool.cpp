@@ -128,23 +128,30 @@ struct ThreadBindings {
     uint64_t pool_id;
     StreamIndex current; // -1: not chosen yet
     StreamIndex leased; // -1: holds no lease
+    uint64_t fork_generation; // the pool's
   };
   std::vector<Binding> bindings;
 
-  Binding& find(uint64_t pool_id) {
+  Binding& find(const StreamSlotPool& pool) {
     for (auto& b : bindings) {
-      if (b.pool_id == pool_id) {
+      if (b.pool_id == pool.id_) {
         return b;
       }
     }
-    bindings.push_back(Binding{pool_id, -1, -1});
+    bindings.push_back(Binding{pool.id_, -1, -1, pool.fork_generation_});
     return bindings.back();
   }
 
   ~ThreadBindings() {
     auto& reg = registry();
     for (const auto& b : bindings) {
-      if (b.leased < 0) {
+      // A thread exiting in a fork child must not touch the parent's pools:
+      // the release hook would drive Metal, and the registry lock may have
+      // been copied held by a parent thread.
+      if (b.leased < 0 ||
+          b.fork_generation !=
+              StreamSlotPool::fork_generation_counter_.load(
+                  std::memory_order_relaxed)) {
         continue;
       }
       // Holding the registry lock keeps the pool alive while the lease is
@@ -217,7 +224,7 @@ void StreamSlotPool::validateIndex(StreamIndex index, const char* arg) const {
 
 StreamIndex StreamSlotPool::currentIndexSlow() {
   checkNotForked();
-  ThreadBindings::Binding& b = tls_bindings.find(id_);
+  ThreadBindings::Binding& b = tls_bindings.find(*this);
   if (b.current < 0) {
     const bool main_thread = options_.is_main_thread ? options_.is_main_thread()
                                                      : isProcessMainThread();
@@ -292,7 +299,7 @@ StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   checkNotForked();
   validateIndex(index, "index");
   const StreamIndex previous = currentIndex();
-  tls_bindings.find(id_).current = index;
+  tls_bindings.find(*this).current = index;
   tls_slot_cache = {id_, index};
   return previous;
 }
@@ -305,7 +312,19 @@ StreamIndex StreamSlotPool::nextPoolIndex() {
 
 void StreamSlotPool::releaseCurrentThreadSlot() {
   checkNotForked();
-  ThreadBindings::Binding& b = tls_bindings.find(id_);
+  ThreadBindings::Binding& b = tls_bindings.find(*this);
+  // A stream guard (torch.mps.stream(...)) restores the stream it replaced
+  // when it exits; had the lease gone in between, the thread would be put
+  // back on a slot another thread may now lease.
+  TORCH_CHECK(
+      b.leased < 0 || b.current == b.leased,
+      "torch.mps.release_current_thread_slot(): the calling thread's current "
+      "stream (slot ",
+      b.current,
+      ") is not the stream it leases (slot ",
+      b.leased,
+      "); call it outside torch.mps.stream(...) contexts and after "
+      "torch.mps.set_stream() back to the thread's own stream");
   const StreamIndex leased = b.leased;
   b.leased = -1;
   b.current = -1;
