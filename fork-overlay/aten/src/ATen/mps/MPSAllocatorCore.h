@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // Portable core of the MPS caching allocator: pools, locking, pending frees,

@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // Portable command-buffer state machine of an MPS stream. MPSStream drives it

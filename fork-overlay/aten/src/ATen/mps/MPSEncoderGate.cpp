@@ -1,5 +1,3 @@
-//  Copyright © 2026 Apple Inc.
-
 #include <ATen/mps/MPSEncoderGate.h>
 
 namespace at::mps {

@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // An opt-in, process-wide gate that serialises compute-encoder creation and

@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // Strict parsing of the on/off environment variables of the MPS backend.

@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // Portable bookkeeping of MPS events (torch.Event / torch.mps.Event) over any

@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // Workarounds for Apple-framework races under concurrent encoding: one named

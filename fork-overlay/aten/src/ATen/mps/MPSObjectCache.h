@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // The process-wide cache policy of MPSGraphCache and MPSKernelCache: one

@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // A thread-safe map whose values are created at most once per key, with no

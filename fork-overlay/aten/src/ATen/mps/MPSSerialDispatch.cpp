@@ -1,5 +1,3 @@
-//  Copyright © 2026 Apple Inc.
-
 #include <ATen/mps/MPSSerialDispatch.h>
 
 namespace at::mps {

@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // Synchronous dispatch onto a stream's serial queue that propagates C++

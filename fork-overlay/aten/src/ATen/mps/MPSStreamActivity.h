@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // Which MPS streams have encoded work recently: how many streams may be

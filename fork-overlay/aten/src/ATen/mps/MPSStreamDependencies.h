@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // Portable cross-stream dependency tracking for MPS buffers.

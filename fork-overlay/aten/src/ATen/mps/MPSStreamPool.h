@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // Portable stream pool for the MPS backend: slot leasing, the per-thread

@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 #pragma once
 
 // Clang thread-safety annotations and an annotated mutex for the MPS stream

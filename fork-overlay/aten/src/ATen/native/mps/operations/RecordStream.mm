@@ -1,4 +1,3 @@
-//  Copyright © 2026 Apple Inc.
 // The MPS kernel of aten::record_stream, registered here so that
 // native_functions.yaml stays as it is.
 
