@@ -237,8 +237,9 @@ TEST(StreamPoolTest, ReleasedSlotIsReusedAndHookFlushesIt) {
 TEST(StreamPoolTest, ReleaseWithoutLeaseIsANoOp) {
   PoolUnderTest t(options({}, /*main_thread=*/true));
   EXPECT_CALL(*t.backend, onLeaseReleased(_)).Times(0);
+  t.pool->exchangeCurrentIndex(5);
   t.pool->releaseCurrentThreadSlot();
-  EXPECT_EQ(t.pool->currentIndex(), 0);
+  EXPECT_EQ(t.pool->currentIndex(), 5);
 }
 
 TEST(StreamPoolTest, ThreadsBindPerPool) {
@@ -430,6 +431,33 @@ TEST(StreamPoolTest, ReleasingTheLeaseInsideAStreamGuardIsRefused) {
     return 0;
   });
   EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
+}
+
+// A guard on the thread's own stream may see the lease go back inside it:
+// its restore must neither lease again (it runs in a destructor, and the
+// pool may be exhausted by then) nor put the thread back on the slot.
+TEST(StreamPoolTest, GuardOnTheOwnStreamRestoresNothingAfterARelease) {
+  PoolUnderTest t(options({ExhaustionPolicy::kThrow, {}}));
+  LeaseHolders others(*t.pool, kWorkerStreams - 1);
+  onThread([&] {
+    const StreamIndex mine = t.pool->currentIndex();
+    {
+      at::mps::CurrentStreamGuard<Pool> g(*t.pool, mine);
+      t.pool->releaseCurrentThreadSlot();
+      // Another thread takes the freed slot: the pool is exhausted again.
+      onThread([&] {
+        EXPECT_EQ(t.pool->currentIndex(), mine);
+        t.pool->releaseCurrentThreadSlot();
+        t.pool->exchangeCurrentIndex(mine); // keeps using it, unleased
+        return 0;
+      });
+      EXPECT_EQ(t.pool->slots().leasedSlots(), kWorkerStreams - 1);
+    } // the guard's restore must not lease (it would throw here)
+    EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
+    EXPECT_EQ(t.pool->currentIndex(), mine); // leases again, on next use
+    EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
+    return 0;
+  });
 }
 
 TEST(StreamIdTest, MapsSlotIndicesToStreamIdsAndBack) {

@@ -333,6 +333,53 @@ void DependencyTracker::resolve(
   }
 }
 
+// Follows the published waits from (stream, mark) while each awaited mark is
+// uncommitted (a committed one completes on the GPU alone). Coming back to
+// `me` means a kInPass wait needs this thread's own uncommitted work: no
+// order exists. The walk reads each stream's committed mark before its
+// wait, so a stream that committed and then started waiting can look stuck;
+// a cycle counts only if every mark on it is still uncommitted afterwards
+// and every wait still published. Marks only grow, so a real cycle passes
+// that check, and the last of its waits to be published always sees the
+// others.
+bool DependencyTracker::waitsForItself(
+    StreamIndex me,
+    StreamIndex stream,
+    uint64_t mark) const {
+  std::array<uint64_t, kStreamsPerPool + 1> chain{};
+  size_t n = 0;
+  StreamIndex s = stream;
+  uint64_t m = mark;
+  while (n < chain.size()) {
+    if (streams_[s].load(std::memory_order_acquire)->committedMark() >= m) {
+      return false;
+    }
+    chain[n++] = pack(s, m);
+    if (s == me) {
+      break;
+    }
+    const uint64_t next = waiting_on_[s].load(std::memory_order_seq_cst);
+    if (next == 0) {
+      return false;
+    }
+    s = streamOf(next);
+    m = pointOf(next);
+  }
+  if (n == 0 || streamOf(chain[n - 1]) != me) {
+    return false;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const StreamIndex t = streamOf(chain[i]);
+    if (streams_[t].load(std::memory_order_acquire)->committedMark() >=
+            pointOf(chain[i]) ||
+        (i + 1 < n &&
+         waiting_on_[t].load(std::memory_order_seq_cst) != chain[i + 1])) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void DependencyTracker::waitFor(
     DependencyStream& consumer,
     DependencyStream& producer,
@@ -341,37 +388,20 @@ void DependencyTracker::waitFor(
   const StreamIndex me = consumer.index();
   std::atomic<uint64_t>& mine = waiting_on_[me];
   mine.store(pack(producer.index(), point), std::memory_order_seq_cst);
-  // Follow the waits while each awaited mark is uncommitted (a committed one
-  // completes on the GPU alone). Coming back here means a kInPass wait needs
-  // this thread's own uncommitted work: no order exists.
-  StreamIndex s = producer.index();
-  uint64_t m = point;
-  for (int hops = 0; hops <= kStreamsPerPool; ++hops) {
-    DependencyStream* ds = streams_[s].load(std::memory_order_acquire);
-    if (ds->committedMark() >= m) {
-      break;
-    }
-    if (s == me) {
-      mine.store(0, std::memory_order_seq_cst);
-      TORCH_CHECK(
-          false,
-          "MPS stream ",
-          me,
-          " and stream ",
-          producer.index(),
-          " each need work the other has not submitted, and one of them is "
-          "encoding a Metal kernel that reads a buffer the other one is "
-          "still writing, so neither can go first. Order the two threads "
-          "(torch.mps.synchronize(), an Event, or Stream.wait_stream) or let "
-          "one finish before the other uses its outputs. See "
-          "reports/cross-stream-contract.md.");
-    }
-    const uint64_t next = waiting_on_[s].load(std::memory_order_seq_cst);
-    if (next == 0) {
-      break;
-    }
-    s = streamOf(next);
-    m = pointOf(next);
+  if (waitsForItself(me, producer.index(), point)) {
+    mine.store(0, std::memory_order_seq_cst);
+    TORCH_CHECK(
+        false,
+        "MPS stream ",
+        me,
+        " and stream ",
+        producer.index(),
+        " each need work the other has not submitted, and one of them is "
+        "encoding a Metal kernel that reads a buffer the other one is "
+        "still writing, so neither can go first. Order the two threads "
+        "(torch.mps.synchronize(), an Event, or Stream.wait_stream) or let "
+        "one finish before the other uses its outputs. See "
+        "reports/cross-stream-contract.md.");
   }
   try {
     if (until == Until::kCommitted) {

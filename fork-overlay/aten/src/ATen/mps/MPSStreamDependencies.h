@@ -248,6 +248,7 @@ class TORCH_API DependencyTracker {
       DependencyStream& consumer,
       const std::vector<Need>& needs,
       UseSite site);
+  bool waitsForItself(StreamIndex me, StreamIndex stream, uint64_t mark) const;
   enum class Until : uint8_t { kCommitted, kCompleted };
   // Blocks `consumer`'s thread until `producer` reaches `point`, publishing
   // the wait for cycle detection first.

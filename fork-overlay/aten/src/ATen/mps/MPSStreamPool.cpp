@@ -126,6 +126,9 @@ struct ThreadBindings {
     uint64_t pool_id;
     StreamIndex current; // -1: not chosen yet
     StreamIndex leased; // -1: holds no lease
+    // The lease this thread gave back, until it leases again or a stream
+    // guard restores it; see exchangeCurrentIndex().
+    StreamIndex released;
     uint64_t fork_generation; // the pool's
   };
   std::vector<Binding> bindings;
@@ -136,7 +139,7 @@ struct ThreadBindings {
         return b;
       }
     }
-    bindings.push_back(Binding{pool.id_, -1, -1, pool.fork_generation_});
+    bindings.push_back(Binding{pool.id_, -1, -1, -1, pool.fork_generation_});
     return bindings.back();
   }
 
@@ -232,6 +235,7 @@ StreamIndex StreamSlotPool::currentIndexSlow() {
       const Acquired got = acquireWorkerSlot();
       b.current = got.index;
       b.leased = got.leased ? got.index : -1;
+      b.released = -1;
     }
   }
   tls_slot_cache = {id_, b.current};
@@ -293,11 +297,26 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
   slot_freed_.notifyOne();
 }
 
+// A thread that gave its lease back inside a stream guard (torch.mps.stream
+// on its own stream) must neither take a new lease when the guard restores
+// the old stream -- it may happen in a destructor, where an exhausted pool
+// could only terminate -- nor be put back on a slot another thread may lease
+// now. So after a release, the released slot is reported as the current one
+// without leasing, and going back to it leaves the thread unbound: its next
+// use leases again.
 StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   checkNotForked();
   validateIndex(index, "index");
-  const StreamIndex previous = currentIndex();
-  tls_bindings.find(*this).current = index;
+  ThreadBindings::Binding& b = tls_bindings.find(*this);
+  const StreamIndex previous =
+      b.current < 0 && b.released >= 0 ? b.released : currentIndex();
+  if (b.leased < 0 && index == b.released) {
+    b.released = -1;
+    b.current = -1;
+    tls_slot_cache = {0, -1};
+    return previous;
+  }
+  b.current = index;
   tls_slot_cache = {id_, index};
   return previous;
 }
@@ -311,11 +330,14 @@ StreamIndex StreamSlotPool::nextPoolIndex() {
 void StreamSlotPool::releaseCurrentThreadSlot() {
   checkNotForked();
   ThreadBindings::Binding& b = tls_bindings.find(*this);
-  // A stream guard (torch.mps.stream(...)) restores the stream it replaced
-  // when it exits; had the lease gone in between, the thread would be put
-  // back on a slot another thread may now lease.
+  if (b.leased < 0) {
+    return;
+  }
+  // A stream guard on another stream restores the thread's own stream when
+  // it exits; giving the lease back under it would leave the guard's stream
+  // current with nothing to return to.
   TORCH_CHECK(
-      b.leased < 0 || b.current == b.leased,
+      b.current == b.leased,
       "torch.mps.release_current_thread_slot(): the calling thread's current "
       "stream (slot ",
       b.current,
@@ -324,14 +346,13 @@ void StreamSlotPool::releaseCurrentThreadSlot() {
       "); call it outside torch.mps.stream(...) contexts and after "
       "torch.mps.set_stream() back to the thread's own stream");
   const StreamIndex leased = b.leased;
+  b.released = leased;
   b.leased = -1;
   b.current = -1;
   if (tls_slot_cache.pool_id == id_) {
     tls_slot_cache = {0, -1};
   }
-  if (leased > 0) {
-    returnSlot(leased);
-  }
+  returnSlot(leased);
 }
 
 int StreamSlotPool::leasedSlots() const {

@@ -156,7 +156,8 @@ class TORCH_API StreamSlotPool {
   StreamIndex nextPoolIndex();
 
   // Returns the calling thread's lease, if it holds one, and resets its
-  // current slot; the next use leases again. No-op for a thread without one.
+  // current slot; the next use leases again. No-op for a thread without one;
+  // raises if another stream is current (a stream guard or set_stream).
   void releaseCurrentThreadSlot();
 
   // Number of worker slots currently leased.
