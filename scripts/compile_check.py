@@ -408,7 +408,7 @@ def judge(u, full, have_python, touched):
         u.verdict, u.reason = "SKIPPED", "Python.h not found; run scripts/install_deps.sh (python3-dev)"
         return
     if u.kind == "edited-header" and u.lang == "c++" and counts(u.results["baseline"])[0]:
-        u.verdict, u.reason = "SKIPPED", "v2.9.1's header does not compile as C++ (Objective-C only)"
+        u.verdict, u.reason = "SKIPPED", "v2.9.1's header is Objective-C only"
         return
     patched = u.results["patched"]
     if u.kind == "edited-header" and not patched:
