@@ -368,20 +368,18 @@ def parse(output):
     return records
 
 
-def key(rec, tree_roots):
-    path = rec["file"]
-    for root in tree_roots:
-        if path.startswith(root + os.sep):
-            path = path[len(root) + 1:]
-    return (rec["sev"], path, rec["msg"], rec["source"])
+def key(rec):
+    # Paths inside a tree are relative (clang runs in the tree), so the same
+    # file has the same name in the baseline and the patched compile.
+    return (rec["sev"], rec["file"], rec["msg"], rec["source"])
 
 
 def new_diagnostics(base, patched):
     """Patched records whose (message, source text) the baseline lacks."""
-    left = collections.Counter(key(r, ()) for r in base)
+    left = collections.Counter(key(r) for r in base)
     out = []
     for r in patched:
-        k = key(r, ())
+        k = key(r)
         if left[k] > 0:
             left[k] -= 1
         else:
