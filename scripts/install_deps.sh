@@ -3,7 +3,11 @@
 set -euo pipefail
 pkgs=(cmake make g++ clang libclang-rt-14-dev clang-format git
       libgtest-dev libgmock-dev libbenchmark-dev
-      python3 python3-torch python3-pytest flake8 shellcheck)
+      python3 python3-torch python3-pytest flake8 shellcheck
+      # scripts/compile_check.sh: Foundation from GNUstep, GCC's Objective-C
+      # runtime headers, blocks, libc++ (as Apple's toolchain), Python.h, pip.
+      libgnustep-base-dev gnustep-make libobjc-12-dev libblocksruntime-dev
+      libc++-14-dev libc++abi-14-dev python3-dev python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \

@@ -1,0 +1,10 @@
+// Declaration-only stand-in for the part of <CoreFoundation/CoreFoundation.h>
+// that PyTorch's MPS sources rely on, written from Apple's public
+// documentation for a syntax check on Linux; not Apple's header.
+//
+// On macOS, Foundation brings Darwin's <mach/vm_param.h> (PAGE_SIZE) in
+// through CoreFoundation; GNUstep's Foundation does not, so it comes here.
+#pragma once
+#include <mach/vm_param.h>
+
+typedef double CFTimeInterval;
