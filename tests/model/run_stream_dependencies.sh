@@ -4,8 +4,10 @@
 # lifecycle and Metal's queues) with SPIN, exhaustively, in a temporary
 # directory: assertions (GPU work runs in recorded order) and invalid end
 # states (deadlock), for each scenario and queue limit below.
-#   --old-rule   puts the protocol from before the fix back (-DOLD_RULE) and
-#                succeeds only if SPIN finds the deadlock in scenarios 1 and 2
+#   --old-rule   puts the protocol from before the fix back (-DOLD_RULE), and
+#                the cycle walk without its re-check (-DNO_REVALIDATE), and
+#                succeeds only if SPIN finds the deadlock, and the false
+#                "no order exists" error, in each
 # Needs spin and gcc; about a minute on 2 cores.
 set -euo pipefail
 
@@ -49,6 +51,8 @@ if [[ "${1:-}" == --old-rule ]]; then
     "-DOLD_RULE -DSCENARIO=1 -DNS=2 -DCAP=2"
   check "old rule, in-pass scenario, 2 streams" error \
     "-DOLD_RULE -DSCENARIO=2 -DNS=2 -DCAP=2"
+  check "cycle walk without its re-check, 2 streams" error \
+    "-DNO_REVALIDATE -DSCENARIO=1 -DNS=2 -DCAP=2"
   exit "$failed"
 fi
 for cap in 1 2; do
