@@ -37,6 +37,8 @@ WHEEL_TSV = os.path.join(ROOT, "tests", "compile", "wheel.tsv")
 INCLUDE_CACHE = os.path.join(HOME_CACHE, "mps-compile-check", "torch-2.9.1-macos-include")
 DEFAULT_BASELINE = os.path.join(HOME_CACHE, "pytorch-v2.9.1-mps-baseline")
 BASELINE_README = "../shared/baseline/README.md"
+CALLERS_TSV = os.path.join(ROOT, "tests", "compile", "callers.tsv")
+DEFAULT_CALLERS = os.path.join(HOME_CACHE, "pytorch-v2.9-mps-callers-resolved")
 SDK_DIR = os.path.join(ROOT, "tests", "compile", "sdk")
 SHIM_DIR = os.path.join(ROOT, "tests", "compile", "shim")
 PIP_DOWNLOAD = ["download", "--no-deps", "--only-binary=:all:", "--platform", "macosx_11_0_arm64",
@@ -236,6 +238,7 @@ class Unit:
 
     def __init__(self, path, kind, lang, defines=()):
         self.path, self.kind, self.lang, self.defines = path, kind, lang, list(defines)
+        self.source = path  # relative to the tree, or absolute (callers)
         self.name = path if kind.endswith("tu") else f"{path} [{lang}]"
         if defines:
             self.name += " [" + " ".join(defines) + "]"
@@ -253,6 +256,22 @@ def header_langs(text):
     if "__OBJC__" in code:
         return ["objc++", "c++"]
     return ["objc++"] if OBJC_SYNTAX.search(code) else ["c++"]
+
+
+def list_callers(callers_dir):
+    """Untouched v2.9-era files that use the APIs the patch changes
+    (tests/compile/callers.tsv): compiled as they are against the baseline
+    and the patched headers."""
+    units = []
+    with open(CALLERS_TSV, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#") or line.startswith("path\t") or not line.strip():
+                continue
+            path = line.split("\t", 1)[0]
+            u = Unit(path, "caller-tu", "objc++" if path.endswith(".mm") else "c++")
+            u.source = os.path.join(callers_dir, path)
+            units.append(u)
+    return units
 
 
 def list_units(ov, patched, jit_shaders):
@@ -322,7 +341,7 @@ class Compiler:
             "-idirafter", gcc_objc_include()]
         self.python = python_include()
 
-    def command(self, path, lang, header, defines=()):
+    def command(self, path, lang, header, defines=(), source=None):
         target = "torch" if path.startswith("torch/") else "aten"
         cmd = ["clang++", "-x", "objective-c++" if lang == "objc++" else "c++"] + COMMON_FLAGS + list(defines)
         cmd += PYTORCH_CXX_FLAGS.split() + TARGET_DEFINES[target]
@@ -332,10 +351,10 @@ class Compiler:
                 "-I", os.path.join(self.include, "torch", "csrc", "api", "include"), "-isystem", SDK_DIR]
         if target == "torch" and self.python:
             cmd += ["-isystem", self.python]
-        return cmd + (["-"] if header else [path])
+        return cmd + (["-"] if header else [source or path])
 
-    def run(self, tree, path, lang, header, defines=()):
-        cmd = self.command(path, lang, header, defines)
+    def run(self, tree, path, lang, header, defines=(), source=None):
+        cmd = self.command(path, lang, header, defines, source)
         stdin = f"#include <{path.split('aten/src/', 1)[-1]}>\n" if header else None
         res = subprocess.run(cmd, cwd=tree, input=stdin, capture_output=True, text=True)
         return parse(res.stderr + res.stdout)
@@ -399,8 +418,11 @@ def is_touched(rec, touched):
 # --- Verdicts -------------------------------------------------------------------
 
 def judge(u, full, have_python, touched):
-    if u.kind == "edited-tu" and not full:
+    if u.kind in ("edited-tu", "caller-tu") and not full:
         u.verdict, u.reason = "SKIPPED", f"no v2.9.1 baseline tree; see {BASELINE_README}"
+        return
+    if u.kind == "caller-tu" and not os.path.isfile(u.source):
+        u.verdict, u.reason = "SKIPPED", f"{u.source} absent; see tests/compile/callers.tsv"
         return
     if u.path.startswith("torch/") and not have_python:
         u.verdict, u.reason = "SKIPPED", "Python.h not found; run scripts/install_deps.sh (python3-dev)"
@@ -412,7 +434,7 @@ def judge(u, full, have_python, touched):
     if u.kind == "edited-header" and not patched:
         u.verdict = "ok"
         return
-    if u.kind in ("edited-tu", "edited-header"):
+    if u.kind in ("edited-tu", "edited-header", "caller-tu"):
         base = u.results["baseline"]
         be, _ = counts(base)
         if be:
@@ -451,6 +473,8 @@ def main():
                    help=f"rebuilt v2.9.1 files (default {DEFAULT_BASELINE})")
     p.add_argument("--overlay", default=os.path.join(ROOT, "fork-overlay"),
                    help="overlay directory to check (default: fork-overlay/)")
+    p.add_argument("--callers", default=DEFAULT_CALLERS,
+                   help=f"texts of the untouched callers in tests/compile/callers.tsv (default {DEFAULT_CALLERS})")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     p.add_argument("-v", "--verbose", action="store_true", help="also print every baseline diagnostic")
     p.add_argument("--jit-shaders", action="store_true",
@@ -464,7 +488,7 @@ def main():
         check_flags(wheel, sha)
         ov = load_overlay(args.overlay)
         base_tree, patched_tree, full = build_trees(ov, os.path.abspath(args.baseline), include, work)
-        units = list_units(ov, patched_tree, args.jit_shaders)
+        units = list_units(ov, patched_tree, args.jit_shaders) + list_callers(os.path.abspath(args.callers))
         compiler = Compiler(include)
     except SetupError as e:
         shutil.rmtree(work, ignore_errors=True)
@@ -483,7 +507,9 @@ def main():
     # in C++, where it runs first and decides whether C++ applies at all.
     first = []
     for u in units:
-        if u.kind == "edited-tu" and not full:
+        if u.kind in ("edited-tu", "caller-tu") and not full:
+            continue
+        if u.kind == "caller-tu" and not os.path.isfile(u.source):
             continue
         if u.path.startswith("torch/") and not compiler.python:
             continue
@@ -492,12 +518,12 @@ def main():
             first.append((u, "baseline", base_tree, header))
             continue
         first.append((u, "patched", patched_tree, header))
-        if u.kind == "edited-tu":
+        if u.kind in ("edited-tu", "caller-tu"):
             first.append((u, "baseline", base_tree, header))
     # Longest compiles first so that the workers finish together.
-    first.sort(key=lambda j: (j[3], -os.path.getsize(os.path.join(j[2], j[0].path))))
+    first.sort(key=lambda j: (j[3], -os.path.getsize(os.path.join(j[2], j[0].source))))
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        pending = {pool.submit(compiler.run, tree, u.path, u.lang, header, u.defines): (u, side, header)
+        pending = {pool.submit(compiler.run, tree, u.path, u.lang, header, u.defines, u.source): (u, side, header)
                    for u, side, tree, header in first}
         while pending:
             done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
