@@ -68,13 +68,12 @@ class SimStream final : public at::mps::DependencyStream {
       QueuePtr queue,
       at::mps::StreamIndex index,
       bool commit_and_continue)
-      : index_(index),
+      : DependencyStream(index),
         queue_(queue),
-        lifecycle_(makeOps(*queue), std::move(queue), commit_and_continue) {}
-
-  at::mps::StreamIndex index() const override {
-    return index_;
+        lifecycle_(makeOps(*queue), std::move(queue), commit_and_continue) {
+    bindOpenMark(lifecycle_.openMarkAtomic());
   }
+
   Queue& queue() const {
     return *queue_;
   }
@@ -126,9 +125,6 @@ class SimStream final : public at::mps::DependencyStream {
 
   // DependencyStream: what MPSStream implements with its timeline
   // MTLSharedEvent and dispatch_async.
-  uint64_t openMark() const override {
-    return lifecycle_.openMark();
-  }
   uint64_t committedMark() const override {
     return lifecycle_.committedMark();
   }
@@ -177,7 +173,7 @@ class SimStream final : public at::mps::DependencyStream {
     TORCH_CHECK(
         timeline->waitFor(mark, queue_->device()->config().event_wait_timeout),
         "simulated MPS stream ",
-        index_,
+        index(),
         ": timed out waiting for mark ",
         mark);
   }
@@ -210,7 +206,6 @@ class SimStream final : public at::mps::DependencyStream {
     }
   }
 
-  const at::mps::StreamIndex index_;
   const QueuePtr queue_;
   std::recursive_mutex serial_;
   int depth_ = 0; // nesting of serial(); only touched with serial_ held

@@ -255,8 +255,12 @@ class CommandBufferLifecycle {
   }
   // The mark the open pass will signal when it ends. One load; stable while
   // the caller holds the stream's serial section (passes end only there).
+  // The atomic itself is for DependencyStream::bindOpenMark().
   uint64_t openMark() const {
     return open_mark_.load(std::memory_order_acquire);
+  }
+  const std::atomic<uint64_t>& openMarkAtomic() const {
+    return open_mark_;
   }
   // The last mark whose signal is in a committed command buffer. Set after
   // the commit, so a GPU wait for a mark it covers never waits on work that

@@ -27,36 +27,6 @@ constexpr uint64_t pointOf(uint64_t packed) {
   return packed / kStreamsPerPool;
 }
 
-// BufferUses::sole_: (mark << kMarkShift) | kWroteBit | (stream + 1).
-constexpr uint64_t kOwnerMask = 0xff;
-constexpr uint64_t kWroteBit = 1u << 8;
-constexpr int kMarkShift = 9;
-static_assert(
-    kStreamsPerPool < kOwnerMask,
-    "stream + 1 must fit the owner bits");
-
-constexpr uint64_t soleWord(StreamIndex stream, uint64_t mark, bool wrote) {
-  return (mark << kMarkShift) | (wrote ? kWroteBit : 0) |
-      (static_cast<uint64_t>(stream) + 1);
-}
-
-} // namespace
-
-namespace {
-// Per-thread cache of BufferUseTable lookups, tagged with the table's id so
-// that tables (the harness makes many) never see each other's entries.
-struct TableCacheEntry {
-  uint64_t table;
-  const void* key;
-  BufferUses* uses;
-};
-constexpr size_t kTableCacheSize = 64;
-thread_local std::array<TableCacheEntry, kTableCacheSize> tls_table_cache{};
-
-size_t hashKey(const void* key) {
-  const auto k = reinterpret_cast<uintptr_t>(key);
-  return static_cast<size_t>((k >> 4) ^ (k >> 12));
-}
 } // namespace
 
 uint64_t BufferUseTable::nextId() {
@@ -64,18 +34,8 @@ uint64_t BufferUseTable::nextId() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-BufferUses& BufferUseTable::get(const void* key) {
-  TableCacheEntry& e = tls_table_cache[hashKey(key) % kTableCacheSize];
-  if (C10_LIKELY(e.table == id_ && e.key == key)) {
-    return *e.uses;
-  }
-  BufferUses& uses = getSlow(key);
-  e = {id_, key, &uses};
-  return uses;
-}
-
 BufferUses& BufferUseTable::getSlow(const void* key) {
-  Shard& shard = shards_[hashKey(key) % kShards];
+  Shard& shard = shards_[detail::hashBufferKey(key) % kShards];
   MutexLock lock(shard.mu);
   auto& slot = shard.entries[key];
   if (!slot) {
@@ -155,6 +115,14 @@ void DependencyTracker::use(
   }
 }
 
+void DependencyTracker::useInPassSlow(
+    DependencyStream& consumer,
+    BufferUseTable& table,
+    const void* key,
+    Access access) {
+  use(consumer, table.get(key), access, UseSite::kInPass);
+}
+
 // The fast path (see the Note) applies when every buffer of the op is used
 // by this stream alone. kInPass ops of several buffers never take it: their
 // pass is open, so a partly published op could not move to a fresh mark.
@@ -166,8 +134,8 @@ DependencyTracker::FastPath DependencyTracker::tryFastPath(
   const uint64_t owner = static_cast<uint64_t>(me) + 1;
   for (size_t i = 0; i < count; ++i) {
     const uint64_t seen = uses[i].buffer->sole_.load(std::memory_order_acquire);
-    if ((seen & kOwnerMask) != owner ||
-        (uses[i].access == Access::kWrite && !(seen & kWroteBit))) {
+    if ((seen & BufferUses::kOwnerMask) != owner ||
+        (uses[i].access == Access::kWrite && !(seen & BufferUses::kWroteBit))) {
       return FastPath::kNotTaken;
     }
   }
@@ -175,12 +143,12 @@ DependencyTracker::FastPath DependencyTracker::tryFastPath(
   for (size_t i = 0; i < count; ++i) {
     std::atomic<uint64_t>& word = uses[i].buffer->sole_;
     uint64_t seen = word.load(std::memory_order_acquire);
-    const uint64_t want =
-        (mark << kMarkShift) | (seen & ~(~0ull << kMarkShift));
+    const uint64_t want = (mark << BufferUses::kMarkShift) |
+        (seen & ~(~0ull << BufferUses::kMarkShift));
     // The same mark again (kernels coalesced into one pass) is recorded
     // already: one load, no write.
     if (seen != want) {
-      if ((seen & kOwnerMask) != owner ||
+      if ((seen & BufferUses::kOwnerMask) != owner ||
           !word.compare_exchange_strong(
               seen,
               want,
@@ -222,9 +190,10 @@ void DependencyTracker::record(
   // Fold the sole-use period into the records.
   const uint64_t sole = buffer.sole_.exchange(0, std::memory_order_acq_rel);
   if (sole != 0) {
-    const StreamIndex s = static_cast<StreamIndex>((sole & kOwnerMask) - 1);
-    const uint64_t p = sole >> kMarkShift;
-    if (sole & kWroteBit) {
+    const StreamIndex s =
+        static_cast<StreamIndex>((sole & BufferUses::kOwnerMask) - 1);
+    const uint64_t p = sole >> BufferUses::kMarkShift;
+    if (sole & BufferUses::kWroteBit) {
       buffer.last_write_ = pack(s, p);
       buffer.reads_.fill(0);
     } else {
@@ -268,7 +237,7 @@ void DependencyTracker::record(
     }
     if (writer_is_me && !others_read) {
       // Hand the buffer to the fast path, records folded into the word.
-      const uint64_t word = soleWord(
+      const uint64_t word = BufferUses::soleWord(
           me,
           std::max(buffer.reads_[me], pointOf(buffer.last_write_)),
           buffer.last_write_ != 0);

@@ -92,11 +92,17 @@ enum class UseSite : uint8_t { kBeforeEncoding, kInPass, kHost };
 // What the tracker needs from a stream.
 class DependencyStream {
  public:
+  explicit DependencyStream(StreamIndex index) : index_(index) {}
   virtual ~DependencyStream() = default;
-  virtual StreamIndex index() const = 0;
+  StreamIndex index() const {
+    return index_;
+  }
   // The mark of the open pass. Stable while the caller holds this stream's
-  // serial section.
-  virtual uint64_t openMark() const = 0;
+  // serial section. Read inline, as every buffer access reads it; the stream
+  // says where the value lives with bindOpenMark() before its first use.
+  uint64_t openMark() const {
+    return open_mark_->load(std::memory_order_acquire);
+  }
   // The last mark whose signal is committed, and the last one signalled.
   virtual uint64_t committedMark() const = 0;
   virtual uint64_t completedMark() const = 0;
@@ -119,6 +125,15 @@ class DependencyStream {
   // completed.
   virtual void waitCommitted(uint64_t mark) = 0;
   virtual void waitCompleted(uint64_t mark) = 0;
+
+ protected:
+  void bindOpenMark(const std::atomic<uint64_t>& open_mark) {
+    open_mark_ = &open_mark;
+  }
+
+ private:
+  const StreamIndex index_;
+  const std::atomic<uint64_t>* open_mark_ = nullptr;
 };
 
 // Per-buffer use record. Lives with the buffer (the allocator's block in
@@ -134,12 +149,41 @@ class TORCH_API BufferUses {
   // The fast path's word while every recorded use is by one stream, else 0:
   //   bit 63 ................. 9 |   8   | 7 ...... 0
   //   |   mark of the last use   | wrote | stream + 1 |
+  static constexpr uint64_t kOwnerMask = 0xff;
+  static constexpr uint64_t kWroteBit = 1u << 8;
+  static constexpr int kMarkShift = 9;
+  static_assert(kStreamsPerPool < kOwnerMask, "stream + 1 must fit");
+  static constexpr uint64_t soleWord(
+      StreamIndex stream,
+      uint64_t mark,
+      bool wrote) {
+    return (mark << kMarkShift) | (wrote ? kWroteBit : 0) |
+        (static_cast<uint64_t>(stream) + 1);
+  }
   std::atomic<uint64_t> sole_{0};
   Mutex mu_;
   // Packed as mark * kStreamsPerPool + stream; 0 means none.
   uint64_t last_write_ MPS_GUARDED_BY(mu_) = 0;
   std::array<uint64_t, kStreamsPerPool> reads_ MPS_GUARDED_BY(mu_){};
 };
+
+namespace detail {
+// Per-thread direct-mapped cache of BufferUseTable lookups, tagged with the
+// table's id so that tables (the harness makes many) never see each other's
+// entries. Constant-initialized, so a lookup is a plain TLS access.
+struct TableCacheEntry {
+  uint64_t table;
+  const void* key;
+  BufferUses* uses;
+};
+constexpr size_t kTableCacheSize = 64;
+inline thread_local std::array<TableCacheEntry, kTableCacheSize>
+    tls_table_cache{};
+inline size_t hashBufferKey(const void* key) {
+  const auto k = reinterpret_cast<uintptr_t>(key);
+  return static_cast<size_t>((k >> 4) ^ (k >> 12));
+}
+} // namespace detail
 
 // Note [MPS buffer use table]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -157,7 +201,16 @@ class TORCH_API BufferUseTable {
   BufferUseTable(const BufferUseTable&) = delete;
   BufferUseTable& operator=(const BufferUseTable&) = delete;
 
-  BufferUses& get(const void* key);
+  BufferUses& get(const void* key) {
+    detail::TableCacheEntry& e = detail::tls_table_cache
+        [detail::hashBufferKey(key) % detail::kTableCacheSize];
+    if (C10_LIKELY(e.table == id_ && e.key == key)) {
+      return *e.uses;
+    }
+    BufferUses& uses = getSlow(key);
+    e = {id_, key, &uses};
+    return uses;
+  }
   size_t size() const;
 
  private:
@@ -167,6 +220,7 @@ class TORCH_API BufferUseTable {
     std::unordered_map<const void*, std::unique_ptr<BufferUses>> entries
         MPS_GUARDED_BY(mu);
   };
+  friend class DependencyTracker;
   BufferUses& getSlow(const void* key);
   const uint64_t id_ = nextId();
   static uint64_t nextId();
@@ -210,6 +264,33 @@ class TORCH_API DependencyTracker {
     use(consumer, &one, 1, site);
   }
 
+  // The per-kernel hook: a kInPass use of the buffer `key` names in `table`.
+  // A kernel of a pass that already recorded this use (the consumer is the
+  // buffer's sole user at its open mark, a writer if this is a write) costs
+  // a cache lookup and one load, inline: coalesced kernels share their
+  // pass's mark. Everything else is out of line.
+  void useInPass(
+      DependencyStream& consumer,
+      BufferUseTable& table,
+      const void* key,
+      Access access) {
+    const detail::TableCacheEntry& e = detail::tls_table_cache
+        [detail::hashBufferKey(key) % detail::kTableCacheSize];
+    if (C10_LIKELY(e.table == table.id_ && e.key == key)) {
+      const uint64_t seen = e.uses->sole_.load(std::memory_order_acquire);
+      if (C10_LIKELY(
+              seen ==
+              BufferUses::soleWord(
+                  consumer.index(),
+                  consumer.openMark(),
+                  access == Access::kWrite ||
+                      (seen & BufferUses::kWroteBit)))) {
+        return;
+      }
+    }
+    useInPassSlow(consumer, table, key, access);
+  }
+
   // Waits observed so far, for tests and benchmarks.
   uint64_t gpuWaits() const {
     return gpu_waits_.load(std::memory_order_relaxed);
@@ -227,6 +308,11 @@ class TORCH_API DependencyTracker {
     StreamIndex stream;
     uint64_t point;
   };
+  C10_NOINLINE void useInPassSlow(
+      DependencyStream& consumer,
+      BufferUseTable& table,
+      const void* key,
+      Access access);
   enum class FastPath : uint8_t { kRecorded, kNotTaken, kPartlyRecorded };
   FastPath tryFastPath(
       StreamIndex me,

@@ -116,7 +116,7 @@ std::atomic<uint64_t> StreamSlotPool::fork_generation_counter_{0};
 // next currentIndex() through the checked slow path.
 void StreamSlotPool::onForkChild() {
   fork_generation_counter_.fetch_add(1, std::memory_order_relaxed);
-  tls_slot_cache = {0, -1};
+  tls_slot_cache = {0, -1, nullptr};
 }
 
 // Per-thread bindings of every pool this thread has used; see
@@ -163,7 +163,7 @@ struct ThreadBindings {
         it->second->returnSlot(b.leased);
       }
     }
-    tls_slot_cache = {0, -1};
+    tls_slot_cache = {0, -1, nullptr};
   }
 };
 
@@ -238,7 +238,7 @@ StreamIndex StreamSlotPool::currentIndexSlow() {
       b.released = -1;
     }
   }
-  tls_slot_cache = {id_, b.current};
+  tls_slot_cache = {id_, b.current, nullptr};
   return b.current;
 }
 
@@ -313,11 +313,11 @@ StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   if (b.leased < 0 && index == b.released) {
     b.released = -1;
     b.current = -1;
-    tls_slot_cache = {0, -1};
+    tls_slot_cache = {0, -1, nullptr};
     return previous;
   }
   b.current = index;
-  tls_slot_cache = {id_, index};
+  tls_slot_cache = {id_, index, nullptr};
   return previous;
 }
 
@@ -350,7 +350,7 @@ void StreamSlotPool::releaseCurrentThreadSlot() {
   b.leased = -1;
   b.current = -1;
   if (tls_slot_cache.pool_id == id_) {
-    tls_slot_cache = {0, -1};
+    tls_slot_cache = {0, -1, nullptr};
   }
   returnSlot(leased);
 }

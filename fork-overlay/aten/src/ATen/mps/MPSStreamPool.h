@@ -110,15 +110,18 @@ TORCH_API bool isProcessMainThread();
 namespace detail {
 // The binding of the pool the calling thread used last; see
 // Note [MPS current stream]. Constant-initialized and trivially
-// destructible, so reading it is a plain TLS load. Only MPSStreamPool.cpp
-// writes it: if a shared library that merely inlines the reader ever held a
-// separate copy, that copy would stay empty and always take the checked slow
-// path, which is correct.
+// destructible, so reading it is a plain TLS load. MPSStreamPool.cpp writes
+// pool_id and current, always with stream = nullptr; StreamPool fills in
+// the stream of that slot, and only while pool_id and current still match.
+// If a shared library that merely inlines the readers ever held a separate
+// copy, that copy would stay empty and always take the checked slow path,
+// which is correct.
 struct SlotCache {
   uint64_t pool_id;
   int current; // StreamIndex; -1: no binding
+  void* stream; // the stream of `current`, once StreamPool looked it up
 };
-inline thread_local SlotCache tls_slot_cache = {0, -1};
+inline thread_local SlotCache tls_slot_cache = {0, -1, nullptr};
 } // namespace detail
 
 // Note [MPS current stream]
@@ -151,6 +154,10 @@ class TORCH_API StreamSlotPool {
 
   // Makes `index` current for the calling thread; returns the previous one.
   StreamIndex exchangeCurrentIndex(StreamIndex index);
+
+  uint64_t id() const {
+    return id_;
+  }
 
   // Round-robin over worker slots; never leases (CUDA's getStreamFromPool).
   StreamIndex nextPoolIndex();
@@ -266,9 +273,11 @@ class StreamPool {
     return stream(kDefaultStreamIndex);
   }
   StreamT& currentStream() {
-    const StreamIndex index = slots_.currentIndex();
-    StreamT* s = streams_[index].load(std::memory_order_acquire);
-    return C10_LIKELY(s != nullptr) ? *s : firstUse(index);
+    const detail::SlotCache& cached = detail::tls_slot_cache;
+    if (C10_LIKELY(cached.pool_id == slots_.id() && cached.stream != nullptr)) {
+      return *static_cast<StreamT*>(cached.stream);
+    }
+    return currentStreamSlow();
   }
   StreamIndex currentIndex() {
     return slots_.currentIndex();
@@ -308,9 +317,15 @@ class StreamPool {
   }
 
  private:
-  // Kept out of the hot accessors so that they stay a few loads.
-  C10_NOINLINE StreamT& firstUse(StreamIndex index) {
-    return stream(index);
+  // Kept out of the hot accessor so that it stays a few loads.
+  C10_NOINLINE StreamT& currentStreamSlow() {
+    const StreamIndex index = slots_.currentIndex();
+    StreamT& s = stream(index);
+    detail::SlotCache& cached = detail::tls_slot_cache;
+    if (cached.pool_id == slots_.id() && cached.current == index) {
+      cached.stream = &s;
+    }
+    return s;
   }
 
   C10_NOINLINE StreamT& create(StreamIndex index) MPS_EXCLUDES(create_mu_) {
