@@ -9,6 +9,7 @@ and the function's inclusive instruction count is divided by its calls, so
 the benchmark loop and its calibration runs do not count.
 
     scripts/bench_instructions.py [--build DIR] PROGRAM:BENCHMARK:FUNCTION ...
+    (PROGRAM:BENCHMARK@FUNCTION where FUNCTION has a colon)
 
 PROGRAM is a program in DIR (default build/callgrind/tests/bench, from
 `cmake --preset callgrind`: valgrind 3.19 needs DWARF 4 debug info).
@@ -57,7 +58,7 @@ def per_call(program, benchmark, function):
         out = os.path.join(tmp, "callgrind.out")
         run = subprocess.run(
             ["valgrind", "--tool=callgrind", "--compress-strings=yes", f"--callgrind-out-file={out}",
-             f"--toggle-collect=*{benchmark.split('/', 1)[0]}*", program,
+             f"--toggle-collect=*{re.split('[/<]', benchmark)[0]}*", program,
              f"--benchmark_filter=^{re.escape(benchmark)}$", "--benchmark_min_time=0.02"],
             capture_output=True, text=True)
         if run.returncode != 0 or not os.path.exists(out):
@@ -75,7 +76,7 @@ def main():
     args = p.parse_args()
     for spec in args.specs:
         program, rest = spec.split(":", 1)
-        benchmark, function = rest.rsplit(":", 1)
+        benchmark, function = rest.split("@", 1) if "@" in rest else rest.rsplit(":", 1)
         per, calls = per_call(os.path.join(args.build, program), benchmark, function)
         print(f"{benchmark} {function}: {per:.1f} instructions per call ({calls} calls)")
 

@@ -79,10 +79,13 @@ class IdleTimelines : public at::mps::StreamTimelines {
 class PerPool {
  public:
   PerPool() : core_(backend_, timelines_, pools()) {}
-  void* malloc(size_t size, at::mps::StreamIndex stream) {
+  // Out of line, so that scripts/bench_instructions.py can count them.
+  __attribute__((noinline)) void* malloc(
+      size_t size,
+      at::mps::StreamIndex stream) {
     return core_.malloc(0, size, size, stream);
   }
-  void free(void* p) {
+  __attribute__((noinline)) void free(void* p) {
     core_.free(p);
   }
 
@@ -104,7 +107,7 @@ class PerPool {
 // v2.9.1's structure: every call under one recursive mutex.
 class V291Model {
  public:
-  void* malloc(size_t size, at::mps::StreamIndex) {
+  __attribute__((noinline)) void* malloc(size_t size, at::mps::StreamIndex) {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     Pool& pool = pools_[0];
     Block* block = nullptr;
@@ -123,7 +126,7 @@ class V291Model {
     current_allocated_ += block->size;
     return block->buffer;
   }
-  void free(void* p) {
+  __attribute__((noinline)) void free(void* p) {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     Block* block = allocated_.at(p);
     Pool& pool = pools_[0];
