@@ -421,8 +421,8 @@ TEST(StreamPoolTest, ReleasingTheLeaseInsideAStreamGuardIsRefused) {
       at::mps::CurrentStreamGuard<Pool> g(*t.pool, mine == 7 ? 8 : 7);
       EXPECT_TORCH_ERROR(
           t.pool->releaseCurrentThreadSlot(),
-          "release_current_thread_slot(): the calling thread's current "
-          "stream");
+          "release_current_thread_slot(): the calling thread is inside "
+          "a stream context");
       EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
     }
     EXPECT_EQ(t.pool->currentIndex(), mine);
@@ -433,29 +433,56 @@ TEST(StreamPoolTest, ReleasingTheLeaseInsideAStreamGuardIsRefused) {
   EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
 }
 
-// A guard on the thread's own stream may see the lease go back inside it:
-// its restore must neither lease again (it runs in a destructor, and the
-// pool may be exhausted by then) nor put the thread back on the slot.
-TEST(StreamPoolTest, GuardOnTheOwnStreamRestoresNothingAfterARelease) {
+// A guard on the thread's own stream restores it on exit: giving the lease
+// back inside would make that restore bind a slot the thread no longer owns,
+// or lease one from the guard's destructor.
+TEST(StreamPoolTest, ReleaseInsideAGuardOnTheOwnStreamIsRefused) {
   PoolUnderTest t(options({ExhaustionPolicy::kThrow, {}}));
-  LeaseHolders others(*t.pool, kWorkerStreams - 1);
   onThread([&] {
     const StreamIndex mine = t.pool->currentIndex();
     {
       at::mps::CurrentStreamGuard<Pool> g(*t.pool, mine);
-      t.pool->releaseCurrentThreadSlot();
-      // Another thread takes the freed slot: the pool is exhausted again.
-      onThread([&] {
-        EXPECT_EQ(t.pool->currentIndex(), mine);
-        t.pool->releaseCurrentThreadSlot();
-        t.pool->exchangeCurrentIndex(mine); // keeps using it, unleased
-        return 0;
-      });
-      EXPECT_EQ(t.pool->slots().leasedSlots(), kWorkerStreams - 1);
-    } // the guard's restore must not lease (it would throw here)
+      EXPECT_TORCH_ERROR(
+          t.pool->releaseCurrentThreadSlot(), "inside a stream context");
+    }
+    EXPECT_EQ(t.pool->currentIndex(), mine);
+    t.pool->releaseCurrentThreadSlot();
     EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
-    EXPECT_EQ(t.pool->currentIndex(), mine); // leases again, on next use
-    EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
+    return 0;
+  });
+}
+
+// set_stream() to another stream is an open displacement too, until the
+// thread sets its own stream back.
+TEST(StreamPoolTest, ReleaseAfterSetStreamElsewhereWaitsForTheWayBack) {
+  PoolUnderTest t;
+  onThread([&] {
+    const StreamIndex mine = t.pool->currentIndex();
+    const StreamIndex other = mine == 7 ? 8 : 7;
+    EXPECT_EQ(t.pool->exchangeCurrentIndex(other), mine);
+    EXPECT_TORCH_ERROR(t.pool->releaseCurrentThreadSlot(), "set_stream");
+    EXPECT_EQ(t.pool->exchangeCurrentIndex(mine), other);
+    t.pool->releaseCurrentThreadSlot();
+    EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
+    return 0;
+  });
+}
+
+// A guard opened after a release leases on entry, as any first use does, and
+// restores that lease on exit.
+TEST(StreamPoolTest, GuardAfterAReleaseLeasesOnEntryNotOnExit) {
+  PoolUnderTest t;
+  onThread([&] {
+    const StreamIndex first = t.pool->currentIndex();
+    t.pool->releaseCurrentThreadSlot();
+    StreamIndex leased = -1;
+    {
+      at::mps::CurrentStreamGuard<Pool> g(*t.pool, first == 7 ? 8 : 7);
+      leased = g.previous();
+      EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
+    }
+    EXPECT_EQ(t.pool->currentIndex(), leased);
+    EXPECT_EQ(t.pool->slots().leasedSlots(), 1);
     return 0;
   });
 }

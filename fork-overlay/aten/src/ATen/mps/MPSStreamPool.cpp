@@ -126,10 +126,10 @@ struct ThreadBindings {
     uint64_t pool_id;
     StreamIndex current; // -1: not chosen yet
     StreamIndex leased; // -1: holds no lease
-    // The lease this thread gave back, until it leases again or a stream
-    // guard restores it; see exchangeCurrentIndex().
-    StreamIndex released;
     uint64_t fork_generation; // the pool's
+    // The slots that exchanges replaced and have not been exchanged back
+    // yet, innermost last; see exchangeCurrentIndex().
+    std::vector<StreamIndex> displaced;
   };
   std::vector<Binding> bindings;
 
@@ -139,7 +139,7 @@ struct ThreadBindings {
         return b;
       }
     }
-    bindings.push_back(Binding{pool.id_, -1, -1, -1, pool.fork_generation_});
+    bindings.push_back(Binding{pool.id_, -1, -1, pool.fork_generation_, {}});
     return bindings.back();
   }
 
@@ -235,7 +235,6 @@ StreamIndex StreamSlotPool::currentIndexSlow() {
       const Acquired got = acquireWorkerSlot();
       b.current = got.index;
       b.leased = got.leased ? got.index : -1;
-      b.released = -1;
     }
   }
   tls_slot_cache = {id_, b.current, nullptr};
@@ -297,24 +296,22 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
   slot_freed_.notifyOne();
 }
 
-// A thread that gave its lease back inside a stream guard (torch.mps.stream
-// on its own stream) must neither take a new lease when the guard restores
-// the old stream -- it may happen in a destructor, where an exhausted pool
-// could only terminate -- nor be put back on a slot another thread may lease
-// now. So after a release, the released slot is reported as the current one
-// without leasing, and going back to it leaves the thread unbound: its next
-// use leases again.
+// Stream guards (CurrentStreamGuard, c10's StreamGuard, torch.mps.stream)
+// exchange a slot in and later exchange the previous one back, through the
+// same call as set_stream(). An exchange back to the slot the last unmatched
+// exchange replaced undoes it; any other exchange is a new displacement.
+// While a displacement is open the thread may not give its lease back: the
+// guard would restore a slot the thread no longer owns, or lease one from its
+// destructor (where an exhausted pool could only terminate).
 StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   checkNotForked();
   validateIndex(index, "index");
+  const StreamIndex previous = currentIndex(); // a first use leases
   ThreadBindings::Binding& b = tls_bindings.find(*this);
-  const StreamIndex previous =
-      b.current < 0 && b.released >= 0 ? b.released : currentIndex();
-  if (b.leased < 0 && index == b.released) {
-    b.released = -1;
-    b.current = -1;
-    tls_slot_cache = {0, -1, nullptr};
-    return previous;
+  if (!b.displaced.empty() && b.displaced.back() == index) {
+    b.displaced.pop_back();
+  } else {
+    b.displaced.push_back(previous);
   }
   b.current = index;
   tls_slot_cache = {id_, index, nullptr};
@@ -333,20 +330,18 @@ void StreamSlotPool::releaseCurrentThreadSlot() {
   if (b.leased < 0) {
     return;
   }
-  // A stream guard on another stream restores the thread's own stream when
-  // it exits; giving the lease back under it would leave the guard's stream
-  // current with nothing to return to.
+  // See exchangeCurrentIndex() for why an open displacement forbids it.
   TORCH_CHECK(
-      b.current == b.leased,
-      "torch.mps.release_current_thread_slot(): the calling thread's current "
-      "stream (slot ",
+      b.displaced.empty(),
+      "torch.mps.release_current_thread_slot(): the calling thread is inside "
+      "a stream context (torch.mps.stream(...) or a stream guard) or has set "
+      "another stream with torch.mps.set_stream(); call it after leaving the "
+      "context or setting the thread's own stream back (current slot ",
       b.current,
-      ") is not the stream it leases (slot ",
+      ", leased slot ",
       b.leased,
-      "); call it outside torch.mps.stream(...) contexts and after "
-      "torch.mps.set_stream() back to the thread's own stream");
+      ")");
   const StreamIndex leased = b.leased;
-  b.released = leased;
   b.leased = -1;
   b.current = -1;
   if (tls_slot_cache.pool_id == id_) {

@@ -164,7 +164,8 @@ class TORCH_API StreamSlotPool {
 
   // Returns the calling thread's lease, if it holds one, and resets its
   // current slot; the next use leases again. No-op for a thread without one;
-  // raises if another stream is current (a stream guard or set_stream).
+  // raises inside a stream guard or after set_stream() to another stream
+  // (see exchangeCurrentIndex() in the .cpp).
   void releaseCurrentThreadSlot();
 
   // Number of worker slots currently leased.
