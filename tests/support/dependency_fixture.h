@@ -111,9 +111,18 @@ class DependencyTest : public SimTest {
     }
     return static_cast<int64_t>(v);
   }
-  // Reads on the host after the producer of `t`, as .cpu()/.item() do.
-  int64_t hostRead(sim::SimStream& any, Tensor& t) {
-    tracker_->use(any, t.uses, at::mps::Access::kRead, at::mps::UseSite::kHost);
+  // Reads on the host as .cpu()/.item() do: a copy on `reader`'s stream,
+  // ordered after the producer of `t`, then a wait for `reader` alone.
+  int64_t hostRead(sim::SimStream& reader, Tensor& t) {
+    reader.serial([&](sim::Lifecycle& lc) {
+      tracker_->use(
+          reader,
+          t.uses,
+          at::mps::Access::kRead,
+          at::mps::UseSite::kBeforeEncoding);
+      lc.commandEncoder()->dispatch({{{t.buf, sim::Access::kRead}}, nullptr});
+      lc.synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+    });
     return t.buf->read(0);
   }
 

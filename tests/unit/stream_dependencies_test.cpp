@@ -127,7 +127,7 @@ TEST_F(DependencyTest, HostReadWaitsForTheProducerOnly) {
   op(stream(2), {}, unrelated.get(), 1, SyncType::COMMIT);
   op(stream(0), {}, x.get(), 77, SyncType::NONE);
   EXPECT_EQ(hostRead(stream(1), *x), 77);
-  EXPECT_EQ(tracker_->cpuWaits(), 1u);
+  EXPECT_EQ(tracker_->gpuWaits(), 1u);
   stream(2).queue().resume();
 }
 

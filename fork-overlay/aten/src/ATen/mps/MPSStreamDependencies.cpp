@@ -67,18 +67,16 @@ void DependencyTracker::use(
     consumer.closePass(/*signal_if_empty=*/false); // the op gets its own mark
   }
   uint64_t mark = consumer.openMark();
-  if (site != UseSite::kHost) {
-    switch (tryFastPath(me, mark, uses, count)) {
-      case FastPath::kRecorded:
-        return;
-      case FastPath::kPartlyRecorded:
-        // See "Fast path" in the Note: abandon this mark, record at the next.
-        consumer.closePass(/*signal_if_empty=*/true);
-        mark = consumer.openMark();
-        break;
-      case FastPath::kNotTaken:
-        break;
-    }
+  switch (tryFastPath(me, mark, uses, count)) {
+    case FastPath::kRecorded:
+      return;
+    case FastPath::kPartlyRecorded:
+      // See "Fast path" in the Note: abandon this mark, record at the next.
+      consumer.closePass(/*signal_if_empty=*/true);
+      mark = consumer.openMark();
+      break;
+    case FastPath::kNotTaken:
+      break;
   }
 
   // Strict two-phase locking: an op's buffers are locked together (in address
@@ -95,7 +93,7 @@ void DependencyTracker::use(
   std::vector<Need> needs;
   lockAll(locked);
   for (size_t i = 0; i < count; ++i) {
-    record(me, mark, *uses[i].buffer, uses[i].access, site, needs);
+    record(me, mark, *uses[i].buffer, uses[i].access, needs);
   }
   unlockAll(locked);
 
@@ -185,7 +183,6 @@ void DependencyTracker::record(
     uint64_t point,
     BufferUses& buffer,
     Access access,
-    UseSite site,
     std::vector<Need>& needs) MPS_NO_THREAD_SAFETY_ANALYSIS {
   // Fold the sole-use period into the records.
   const uint64_t sole = buffer.sole_.exchange(0, std::memory_order_acq_rel);
@@ -208,43 +205,38 @@ void DependencyTracker::record(
       needs.push_back({s, p});
     }
   };
-  // The CPU is no stream: a host use waits for the consumer's own work too.
-  const StreamIndex self = site == UseSite::kHost ? -1 : me;
-  if (buffer.last_write_ != 0 && streamOf(buffer.last_write_) != self) {
+  if (buffer.last_write_ != 0 && streamOf(buffer.last_write_) != me) {
     need(streamOf(buffer.last_write_), pointOf(buffer.last_write_));
   }
   if (access == Access::kWrite) {
     for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
-      if (s != self && buffer.reads_[s] != 0) {
+      if (s != me && buffer.reads_[s] != 0) {
         need(s, buffer.reads_[s]);
       }
     }
   }
 
-  // Record this use. Host uses are not stream work: they only wait.
-  if (site != UseSite::kHost) {
-    if (access == Access::kWrite) {
-      buffer.last_write_ = pack(me, point);
-      buffer.reads_.fill(0);
-    } else {
-      buffer.reads_[me] = std::max(buffer.reads_[me], point);
-    }
-    const bool writer_is_me =
-        buffer.last_write_ == 0 || streamOf(buffer.last_write_) == me;
-    bool others_read = false;
-    for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
-      others_read |= s != me && buffer.reads_[s] != 0;
-    }
-    if (writer_is_me && !others_read) {
-      // Hand the buffer to the fast path, records folded into the word.
-      const uint64_t word = BufferUses::soleWord(
-          me,
-          std::max(buffer.reads_[me], pointOf(buffer.last_write_)),
-          buffer.last_write_ != 0);
-      buffer.last_write_ = 0;
-      buffer.reads_[me] = 0;
-      buffer.sole_.store(word, std::memory_order_release);
-    }
+  if (access == Access::kWrite) {
+    buffer.last_write_ = pack(me, point);
+    buffer.reads_.fill(0);
+  } else {
+    buffer.reads_[me] = std::max(buffer.reads_[me], point);
+  }
+  const bool writer_is_me =
+      buffer.last_write_ == 0 || streamOf(buffer.last_write_) == me;
+  bool others_read = false;
+  for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+    others_read |= s != me && buffer.reads_[s] != 0;
+  }
+  if (writer_is_me && !others_read) {
+    // Hand the buffer to the fast path, records folded into the word.
+    const uint64_t word = BufferUses::soleWord(
+        me,
+        std::max(buffer.reads_[me], pointOf(buffer.last_write_)),
+        buffer.last_write_ != 0);
+    buffer.last_write_ = 0;
+    buffer.reads_[me] = 0;
+    buffer.sole_.store(word, std::memory_order_release);
   }
 }
 
@@ -259,36 +251,24 @@ void DependencyTracker::resolve(
     if (producer.completedMark() >= need.point) {
       continue;
     }
-    switch (site) {
-      case UseSite::kBeforeEncoding:
-        // Progress rule 1: only committed marks are waited for on the GPU.
-        if (producer.committedMark() < need.point) {
-          if (!committed_own) {
-            consumer.commitOpen();
-            committed_own = true;
-          }
-          producer.flushAsync(need.point);
-          waitFor(consumer, producer, need.point, Until::kCommitted);
-          commit_waits_.fetch_add(1, std::memory_order_relaxed);
-        }
-        break;
-      case UseSite::kInPass:
-        if (producer.committedMark() < need.point) {
-          producer.flushAsync(need.point);
-        }
-        waitFor(consumer, producer, need.point, Until::kCompleted);
-        cpu_waits_.fetch_add(1, std::memory_order_relaxed);
-        break;
-      case UseSite::kHost:
-        if (producer.committedMark() < need.point) {
-          producer.flushAsync(need.point);
-        }
-        producer.waitCompleted(need.point);
-        cpu_waits_.fetch_add(1, std::memory_order_relaxed);
-        break;
+    const bool committed = producer.committedMark() >= need.point;
+    if (!committed) {
+      if (site == UseSite::kBeforeEncoding && !committed_own) {
+        consumer.commitOpen();
+        committed_own = true;
+      }
+      producer.flushAsync(need.point);
+    }
+    if (site == UseSite::kInPass) {
+      waitFor(consumer, producer, need.point, Until::kCompleted);
+      cpu_waits_.fetch_add(1, std::memory_order_relaxed);
+    } else if (!committed) {
+      // Progress rule 1: only committed marks are waited for on the GPU.
+      waitFor(consumer, producer, need.point, Until::kCommitted);
+      commit_waits_.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  if (site != UseSite::kBeforeEncoding) {
+  if (site == UseSite::kInPass) {
     return;
   }
   // Every mark is committed now; the waits join the op's (still empty) pass.

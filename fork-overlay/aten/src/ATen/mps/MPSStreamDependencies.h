@@ -62,9 +62,8 @@ namespace at::mps {
 //   kInPass: the op already holds a compute encoder (custom Metal kernels
 //     binding buffers). No event wait can be encoded inside a pass, so the
 //     calling thread waits on the CPU until the producer's mark completes.
-//   kHost: the CPU itself reads or writes the memory (device-to-host copies);
-//     it waits for the producer's mark only, never for the whole device. The
-//     caller must not be inside a stream's serial section.
+// Host reads (.cpu(), .item()) are copies on the reading thread's stream
+// (kBeforeEncoding) followed by a wait for that stream alone.
 //
 // Progress. Two rules keep the GPU from ever depending on a CPU thread:
 //   1. A GPU wait is encoded only for a mark that is already committed
@@ -87,7 +86,7 @@ namespace at::mps {
 // reports/cross-stream-contract.md).
 
 enum class Access : uint8_t { kRead, kWrite };
-enum class UseSite : uint8_t { kBeforeEncoding, kInPass, kHost };
+enum class UseSite : uint8_t { kBeforeEncoding, kInPass };
 
 // What the tracker needs from a stream.
 class DependencyStream {
@@ -241,9 +240,8 @@ class TORCH_API DependencyTracker {
 
   // Orders the uses of one op after the conflicting uses recorded before
   // them, then records them, all at one mark (the op's work is one pass).
-  // `consumer` is the stream whose work uses the buffers (for kHost, any
-  // stream: only the producers matter). The caller holds the consumer's
-  // serial section for kBeforeEncoding and kInPass.
+  // `consumer` is the stream whose work uses the buffers; the caller holds
+  // its serial section.
   void use(
       DependencyStream& consumer,
       const Use* uses,
@@ -328,7 +326,6 @@ class TORCH_API DependencyTracker {
       uint64_t mark,
       BufferUses& buffer,
       Access access,
-      UseSite site,
       std::vector<Need>& needs);
   void resolve(
       DependencyStream& consumer,
