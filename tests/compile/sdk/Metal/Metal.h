@@ -43,6 +43,12 @@ typedef struct {
 
 // --- Resource options -------------------------------------------------------
 
+typedef NS_OPTIONS(NSUInteger, MTLResourceUsage) {
+  MTLResourceUsageRead = 1 << 0,
+  MTLResourceUsageWrite = 1 << 1,
+  MTLResourceUsageSample = 1 << 2,
+};
+
 typedef NS_ENUM(NSUInteger, MTLCPUCacheMode) {
   MTLCPUCacheModeDefaultCache = 0,
   MTLCPUCacheModeWriteCombined = 1,
@@ -231,6 +237,7 @@ typedef NS_ENUM(NSUInteger, MTLLibraryError) {
 - (void)setBytes:(const void*)bytes length:(NSUInteger)length atIndex:(NSUInteger)index;
 - (void)setBuffer:(id<MTLBuffer>)buffer offset:(NSUInteger)offset atIndex:(NSUInteger)index;
 - (void)dispatchThreads:(MTLSize)threadsPerGrid threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
+- (void)useResource:(id<MTLResource>)resource usage:(MTLResourceUsage)usage;
 - (void)dispatchThreadgroups:(MTLSize)threadgroupsPerGrid threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
 @end
 

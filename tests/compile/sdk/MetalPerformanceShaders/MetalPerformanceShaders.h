@@ -6,6 +6,9 @@
 // nullability and availability annotations are left out.
 #pragma once
 #include <Metal/Metal.h>
+// MPS declares simd vector fields (MPSImageHistogramInfo.minPixelValue is a
+// vector_float4), so including it brings <simd/simd.h> in.
+#include <simd/simd.h>
 
 // --- Core types -------------------------------------------------------------
 

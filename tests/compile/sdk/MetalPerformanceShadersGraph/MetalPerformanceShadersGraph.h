@@ -110,6 +110,42 @@ typedef NS_ENUM(NSUInteger, MPSGraphFFTScalingMode) {
   MPSGraphFFTScalingModeUnitary = 2,
 };
 
+// Scatter (MPSGraphScatterOps.h and friends)
+typedef NS_ENUM(NSInteger, MPSGraphScatterMode) {
+  MPSGraphScatterModeAdd = 0,
+  MPSGraphScatterModeSub = 1,
+  MPSGraphScatterModeMul = 2,
+  MPSGraphScatterModeDiv = 3,
+  MPSGraphScatterModeMin = 4,
+  MPSGraphScatterModeMax = 5,
+  MPSGraphScatterModeSet = 6,
+};
+
+// Random (MPSGraphRandomOps.h)
+typedef NS_ENUM(uint64_t, MPSGraphRandomDistribution) {
+  MPSGraphRandomDistributionUniform = 0,
+  MPSGraphRandomDistributionNormal = 1,
+  MPSGraphRandomDistributionTruncatedNormal = 2,
+};
+
+typedef NS_ENUM(uint64_t, MPSGraphRandomNormalSamplingMethod) {
+  MPSGraphRandomNormalSamplingInvCDF = 0,
+  MPSGraphRandomNormalSamplingBoxMuller = 1,
+};
+
+@interface MPSGraphRandomOpDescriptor : MPSGraphObject<NSCopying>
+@property(readwrite, nonatomic) MPSGraphRandomDistribution distribution;
+@property(readwrite, nonatomic) MPSDataType dataType;
+@property(readwrite, nonatomic) float min;
+@property(readwrite, nonatomic) float max;
+@property(readwrite, nonatomic) NSInteger minInteger;
+@property(readwrite, nonatomic) NSInteger maxInteger;
+@property(readwrite, nonatomic) float mean;
+@property(readwrite, nonatomic) float standardDeviation;
+@property(readwrite, nonatomic) MPSGraphRandomNormalSamplingMethod samplingMethod;
++ (instancetype)descriptorWithDistribution:(MPSGraphRandomDistribution)distribution dataType:(MPSDataType)dataType;
+@end
+
 @interface MPSGraphFFTDescriptor : MPSGraphObject<NSCopying>
 @property(readwrite, nonatomic) BOOL inverse;
 @property(readwrite, nonatomic) MPSGraphFFTScalingMode scalingMode;
@@ -199,6 +235,37 @@ typedef NS_ENUM(NSUInteger, MPSGraphFFTScalingMode) {
                               name:(NSString*)name;
 - (MPSGraphTensor*)flatten2DTensor:(MPSGraphTensor*)tensor axis:(NSInteger)axis name:(NSString*)name;
 - (MPSGraphTensor*)castTensor:(MPSGraphTensor*)tensor toType:(MPSDataType)type name:(NSString*)name;
+
+// Gather and scatter (MPSGraphGatherOps.h, MPSGraphScatterOps.h, MPSGraphScatterNDOps.h)
+- (MPSGraphTensor*)gatherWithUpdatesTensor:(MPSGraphTensor*)updatesTensor
+                             indicesTensor:(MPSGraphTensor*)indicesTensor
+                                      axis:(NSUInteger)axis
+                           batchDimensions:(NSUInteger)batchDimensions
+                                      name:(NSString*)name;
+- (MPSGraphTensor*)scatterWithDataTensor:(MPSGraphTensor*)dataTensor
+                           updatesTensor:(MPSGraphTensor*)updatesTensor
+                           indicesTensor:(MPSGraphTensor*)indicesTensor
+                                    axis:(NSInteger)axis
+                                    mode:(MPSGraphScatterMode)mode
+                                    name:(NSString*)name;
+- (MPSGraphTensor*)scatterNDWithDataTensor:(MPSGraphTensor*)dataTensor
+                             updatesTensor:(MPSGraphTensor*)updatesTensor
+                             indicesTensor:(MPSGraphTensor*)indicesTensor
+                           batchDimensions:(NSUInteger)batchDimensions
+                                      mode:(MPSGraphScatterMode)mode
+                                      name:(NSString*)name;
+- (MPSGraphTensor*)scatterNDWithUpdatesTensor:(MPSGraphTensor*)updatesTensor
+                                indicesTensor:(MPSGraphTensor*)indicesTensor
+                                        shape:(MPSShape*)shape
+                              batchDimensions:(NSUInteger)batchDimensions
+                                         mode:(MPSGraphScatterMode)mode
+                                         name:(NSString*)name;
+
+// Random (MPSGraphRandomOps.h)
+- (NSArray<MPSGraphTensor*>*)randomTensorWithShape:(MPSShape*)shape
+                                        descriptor:(MPSGraphRandomOpDescriptor*)descriptor
+                                       stateTensor:(MPSGraphTensor*)state
+                                              name:(NSString*)name;
 
 // Normalization (MPSGraphNormalizationOps.h)
 - (MPSGraphTensor*)meanOfTensor:(MPSGraphTensor*)tensor axes:(NSArray<NSNumber*>*)axes name:(NSString*)name;
