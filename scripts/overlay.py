@@ -220,17 +220,22 @@ def run_git(cwd, *args):
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
 
+def copy_edited(tree, out):
+    """Copies the upstream files the patch edits from tree into out."""
+    os.makedirs(out, exist_ok=True)
+    for path in edited_paths():
+        dst = os.path.join(out, path)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(os.path.join(tree, path), dst)
+
+
 def cmd_materialize(args):
     tree = resolve_tree(args)
     check_blobs(tree)
     out = args.out
     if os.path.exists(out) and os.listdir(out):
         fail(f"--out {out} exists and is not empty")
-    os.makedirs(out, exist_ok=True)
-    for path in edited_paths():
-        dst = os.path.join(out, path)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.copyfile(os.path.join(tree, path), dst)
+    copy_edited(tree, out)
     run_git(out, "init", "-q")
     run_git(out, "add", "-A")
     run_git(out, "-c", "user.name=baseline", "-c", "user.email=baseline@localhost",
