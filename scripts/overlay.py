@@ -238,8 +238,9 @@ def cmd_materialize(args):
     copy_edited(tree, out)
     run_git(out, "init", "-q")
     run_git(out, "add", "-A")
+    # Empty when the overlay only adds files (a prefix of the patch series).
     run_git(out, "-c", "user.name=baseline", "-c", "user.email=baseline@localhost",
-            "commit", "-qm", "v2.9.1 baseline (scratch; never push)")
+            "commit", "--allow-empty", "-qm", "v2.9.1 baseline (scratch; never push)")
     with tempfile.NamedTemporaryFile("w", suffix=".patch", delete=False) as f:
         f.write("".join(sections().values()))
     git_apply(out, f.name, check_only=False)

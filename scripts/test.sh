@@ -3,8 +3,10 @@
 #   scripts/test.sh [--quick]     (--quick: dev preset only, no sanitizers)
 # Suites: the CTest harness under the dev, tsan and asan presets; the
 # BatchQueue tests (Debian's CPU torch, system python); flake8 and bash
-# lint; clang-format; the patch-vs-overlay check; and, when the baseline
-# cache exists, the patch apply check.
+# lint; clang-format; the patch-vs-overlay and series-vs-overlay checks; and,
+# when the baseline cache exists, the patch apply check and the check that the
+# series applied in order yields the cumulative patch's tree. The per-prefix
+# compile check of the series is separate (scripts/series.py compile).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.." || exit 1
@@ -59,10 +61,12 @@ cxx_files=$(git ls-files '*.h' '*.cpp' | grep -v '^tests/shim/')
 clang-format --dry-run -Werror $cxx_files; record "clang-format" $?
 
 "$here/regenerate_cumulative_patch.sh" --check; record "patch matches overlay" $?
+python3 "$here/series.py" check; record "series matches overlay" $?
 
 baseline=$HOME/.cache/pytorch-v2.9.1-mps-baseline
 if [ -d "$baseline" ]; then
   "$here/apply_patch.sh"; record "patch applies to v2.9.1 baseline" $?
+  "$here/apply_patch.sh" --series; record "series composes to the cumulative patch" $?
 else
   echo "== baseline cache $baseline absent: skipping the patch apply check"
 fi
