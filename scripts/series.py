@@ -125,7 +125,7 @@ def assign():
     """(members, {path: (section, [owner per hunk] or the owner of a new file)})."""
     members, files, hunk_rules = read_plan()
     is_edit = {path: edit for path, _, edit in overlay.overlay_entries()}
-    out = {}
+    out, used = {}, set()
     for path, section in overlay.sections().items():
         owners = [num for num, glob in files if fnmatch.fnmatchcase(path, glob)]
         if len(owners) != 1:
@@ -139,9 +139,15 @@ def assign():
             continue
         hunk_owners = []
         for h in split_hunks(section)[1]:
-            hits = [num for num, rx in rules if rx.search(h.body)] or owners
-            hunk_owners.append(hits[0])
+            hits = [(num, rx) for num, rx in rules if rx.search(h.body)]
+            used.update((path, rx.pattern) for _, rx in hits[:1])
+            hunk_owners.append(hits[0][0] if hits else owners[0])
         out[path] = (section, hunk_owners)
+    # A rule that no longer matches (the overlay changed) would silently give
+    # its hunks back to the file's member.
+    unused = [f"{p} /{rx.pattern}/" for _, p, rx in hunk_rules if (p, rx.pattern) not in used]
+    if unused:
+        overlay.fail("hunk rows of patches/series/series.tsv that match no hunk: " + ", ".join(unused))
     return members, out
 
 
