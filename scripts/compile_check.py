@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import importlib.util
 import io
+import json
 import os
 import re
 import shutil
@@ -352,9 +353,26 @@ def python_include():
     return None
 
 
+def tree_digest(tree):
+    """sha256 of every path and content under tree (its .git aside: materialize's commit)."""
+    files = []
+    for dirpath, dirnames, filenames in os.walk(tree):
+        dirnames[:] = [d for d in dirnames if d != ".git"]
+        files += [os.path.join(dirpath, name) for name in filenames]
+    h = hashlib.sha256()
+    for full in sorted(files):
+        h.update(os.path.relpath(full, tree).encode() + b"\0")
+        with open(full, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
 class Compiler:
-    def __init__(self, include):
+    def __init__(self, include, cache=None):
         self.include = include
+        # --cache: results keyed by command, input and tree contents, for runs
+        # that share a tree (the baseline side of scripts/series.py compile).
+        self.cache, self.digests = cache, {}
         self.objc = [OBJC_RUNTIME] + PYTORCH_OBJCXX_FLAGS + ["-I", SHIM_DIR] + gnustep_flags() + [
             "-idirafter", gcc_objc_include()]
         self.python = python_include()
@@ -375,8 +393,22 @@ class Compiler:
     def run(self, tree, path, lang, header, defines=(), source=None):
         cmd = self.command(path, lang, header, defines, source)
         stdin = f"#include <{path.split('aten/src/', 1)[-1]}>\n" if header else None
+        stored = None
+        if self.cache:
+            if tree not in self.digests:
+                self.digests[tree] = tree_digest(tree)
+            key = hashlib.sha256(repr((cmd, stdin, self.digests[tree])).encode()).hexdigest()
+            stored = os.path.join(self.cache, key + ".json")
+            if os.path.isfile(stored):
+                with open(stored, encoding="utf-8") as f:
+                    return json.load(f)
         res = subprocess.run(cmd, cwd=tree, input=stdin, capture_output=True, text=True)
-        return parse(res.stderr + res.stdout)
+        records = parse(res.stderr + res.stdout)
+        if stored:
+            with tempfile.NamedTemporaryFile("w", dir=self.cache, delete=False, encoding="utf-8") as f:
+                json.dump(records, f)
+            os.replace(f.name, stored)
+        return records
 
 
 def parse(output):
@@ -499,6 +531,9 @@ def main():
                    help=f"texts of the untouched callers in tests/compile/callers.tsv (default {DEFAULT_CALLERS})")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     p.add_argument("-v", "--verbose", action="store_true", help="also print every baseline diagnostic")
+    p.add_argument("--cache", metavar="DIR",
+                   help="reuse compile results stored in DIR by earlier runs with the same wheel, stand-ins and "
+                   "callers (scripts/series.py compile shares one across the series' prefixes)")
     p.add_argument("--jit-shaders", action="store_true",
                    help="also check the TUs that embed shader source under PYTORCH_JIT_COMPILE_SHADERS")
     args = p.parse_args()
@@ -511,7 +546,7 @@ def main():
         ov = load_overlay(args.overlay)
         base_tree, patched_tree, full = build_trees(ov, os.path.abspath(args.baseline), include, work)
         units = list_units(ov, patched_tree, args.jit_shaders) + list_callers(os.path.abspath(args.callers))
-        compiler = Compiler(include)
+        compiler = Compiler(include, args.cache)
     except SetupError as e:
         shutil.rmtree(work, ignore_errors=True)
         print(f"error: {e}")

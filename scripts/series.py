@@ -278,6 +278,16 @@ def cmd_verify(args):
 def cmd_compile(args):
     members, files = assign()
     wanted = args.members or [m.num for m in members]
+    with tempfile.TemporaryDirectory() as cache:
+        results = compile_prefixes(members, files, wanted, args.jobs, cache)
+    print("\n".join(["", "per-prefix compile check:"] + results))
+    if any("compile-check:" in r and " 0 failed" not in r for r in results):
+        sys.exit(1)
+
+
+def compile_prefixes(members, files, wanted, jobs, cache):
+    """compile_check.py on each wanted prefix; one result line each. The
+    baseline side of every unit is the same for all prefixes: `cache` keeps it."""
     results, previous_cxx = [], None
     for m in members:
         prefix = prefix_sections(members, files, m.num)
@@ -304,15 +314,14 @@ def cmd_compile(args):
                         f.write(prefix[path])
             started = time.time()
             res = subprocess.run([sys.executable, os.path.join(overlay.ROOT, "scripts", "compile_check.py"),
-                                  "--overlay", tmp, "-j", str(args.jobs)], capture_output=True, text=True)
+                                  "--overlay", tmp, "-j", str(jobs), "--cache", cache],
+                                 capture_output=True, text=True)
         last = (res.stdout.strip().splitlines() or ["(no output)"])[-1]
         results.append(f"{m.name}: {last} ({time.time() - started:.0f} s)")
         print(results[-1], flush=True)
         if res.returncode != 0:
             print(res.stdout + res.stderr)
-    print("\n".join(["", "per-prefix compile check:"] + results))
-    if any("compile-check:" in r and " 0 failed" not in r for r in results):
-        sys.exit(1)
+    return results
 
 
 def main():
