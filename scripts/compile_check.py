@@ -293,9 +293,12 @@ def list_callers(callers_dir):
     return units
 
 
-def list_units(ov, patched, jit_shaders):
+def list_units(ov, patched, jit_shaders, unchanged):
+    """Units of the overlay's files, and of `unchanged` (upstream files the
+    overlay leaves as v2.9.1 has them), checked as edited ones."""
     units = []
-    for path, _full, is_edit in quietly(ov.overlay_entries):
+    entries = [(path, is_edit) for path, _full, is_edit in quietly(ov.overlay_entries)]
+    for path, is_edit in entries + [(path, True) for path in unchanged]:
         ext = os.path.splitext(path)[1]
         if ext in (".mm", ".cpp"):
             lang = "objc++" if ext == ".mm" else "c++"
@@ -527,6 +530,10 @@ def main():
                    help=f"rebuilt v2.9.1 files (default {DEFAULT_BASELINE})")
     p.add_argument("--overlay", default=os.path.join(ROOT, "fork-overlay"),
                    help="overlay directory to check (default: fork-overlay/)")
+    p.add_argument("--unchanged", metavar="PATH", action="append", default=[],
+                   help="also check PATH, an upstream file of the baseline that the overlay does not edit, as an "
+                   "edited unit against the patched headers (scripts/series.py compile: the files later members "
+                   "edit)")
     p.add_argument("--callers", default=DEFAULT_CALLERS,
                    help=f"texts of the untouched callers in tests/compile/callers.tsv (default {DEFAULT_CALLERS})")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
@@ -545,7 +552,12 @@ def main():
         check_flags(wheel, sha)
         ov = load_overlay(args.overlay)
         base_tree, patched_tree, full = build_trees(ov, os.path.abspath(args.baseline), include, work)
-        units = list_units(ov, patched_tree, args.jit_shaders) + list_callers(os.path.abspath(args.callers))
+        if full:
+            for path in args.unchanged:
+                os.makedirs(os.path.dirname(os.path.join(patched_tree, path)), exist_ok=True)
+                shutil.copyfile(os.path.join(base_tree, path), os.path.join(patched_tree, path))
+        units = list_units(ov, patched_tree, args.jit_shaders, args.unchanged) + list_callers(
+            os.path.abspath(args.callers))
         compiler = Compiler(include, args.cache)
     except SetupError as e:
         shutil.rmtree(work, ignore_errors=True)

@@ -18,7 +18,9 @@ Subcommands:
                                 result; with --apply, apply it to the tree
   compile [-j N] [NN ...]       differential compile check (compile_check.py)
                                 of every prefix of the series, or of the
-                                prefixes ending at the members named
+                                prefixes ending at the members named; the
+                                upstream files that later members edit are
+                                compiled too, as v2.9.1 has them
 
 Note [Cutting the series]
 A file belongs to one member (a `file` glob), so a new file arrives whole and
@@ -312,9 +314,14 @@ def compile_prefixes(members, files, wanted, jobs, cache):
                 else:
                     with open(dst, "w", encoding="utf-8") as f:
                         f.write(prefix[path])
+            # Upstream files that later members edit are still v2.9.1's here,
+            # and must compile against this prefix's headers.
+            later = [p for p, (_s, owners) in files.items()
+                     if not isinstance(owners, str) and p not in prefix and p.endswith(CXX_EXTS)]
             started = time.time()
             res = subprocess.run([sys.executable, os.path.join(overlay.ROOT, "scripts", "compile_check.py"),
-                                  "--overlay", tmp, "-j", str(jobs), "--cache", cache],
+                                  "--overlay", tmp, "-j", str(jobs), "--cache", cache]
+                                 + [arg for p in later for arg in ("--unchanged", p)],
                                  capture_output=True, text=True)
         last = (res.stdout.strip().splitlines() or ["(no output)"])[-1]
         results.append(f"{m.name}: {last} ({time.time() - started:.0f} s)")
