@@ -16,7 +16,8 @@ Subcommands:
                                 a copy of the tree's edited files and compare
                                 it byte for byte with the cumulative patch's
                                 result; with --apply, apply it to the tree
-  compile [-j N] [NN ...]       differential compile check (compile_check.py)
+  compile [-j N] [--cache DIR] [NN ...]
+                                differential compile check (compile_check.py)
                                 of every prefix of the series, or of the
                                 prefixes ending at the members named; the
                                 upstream files that later members edit are
@@ -280,8 +281,12 @@ def cmd_verify(args):
 def cmd_compile(args):
     members, files = assign()
     wanted = args.members or [m.num for m in members]
-    with tempfile.TemporaryDirectory() as cache:
-        results = compile_prefixes(members, files, wanted, args.jobs, cache)
+    if args.cache:
+        os.makedirs(args.cache, exist_ok=True)
+        results = compile_prefixes(members, files, wanted, args.jobs, args.cache)
+    else:
+        with tempfile.TemporaryDirectory() as cache:
+            results = compile_prefixes(members, files, wanted, args.jobs, cache)
     print("\n".join(["", "per-prefix compile check:"] + results))
     if any("compile-check:" in r and " 0 failed" not in r for r in results):
         sys.exit(1)
@@ -342,6 +347,8 @@ def main():
     v.add_argument("--apply", action="store_true")
     c = sub.add_parser("compile")
     c.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    c.add_argument("--cache", metavar="DIR", help="keep compile results in DIR, e.g. to resume an interrupted "
+                   "run in the same sitting (default: a temporary directory)")
     c.add_argument("members", nargs="*", help="member numbers (NN) whose prefixes to check")
     args = p.parse_args()
     {"generate": cmd_generate, "check": cmd_check, "verify": cmd_verify, "compile": cmd_compile}[args.cmd](args)
