@@ -34,7 +34,10 @@ the tree the earlier members leave. Hunks, not lines, are the unit because
 no intermediate version of a file is kept (it would go stale with every
 overlay change); where one hunk mixes two concerns the cut follows the code
 (MPSStream derives from the dependency tracker's stream type, so the tracker
-precedes it rather than follows). `compile` checks that each prefix builds.
+precedes it rather than follows). `compile` checks that each prefix builds;
+`check` (in scripts/test.sh) that the committed series is what the overlay
+gives, so a stale series fails CI, and scripts/regenerate_cumulative_patch.sh
+rewrites it with the cumulative patch.
 """
 
 import argparse
