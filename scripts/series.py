@@ -323,9 +323,10 @@ def compile_prefixes(members, files, wanted, jobs, cache):
                     with open(dst, "w", encoding="utf-8") as f:
                         f.write(prefix[path])
             # Upstream files that later members edit are still v2.9.1's here,
-            # and must compile against this prefix's headers.
-            later = [p for p, (_s, owners) in files.items()
-                     if not isinstance(owners, str) and p not in prefix and p.endswith(CXX_EXTS)]
+            # and must compile against this prefix's headers (identical to
+            # v2.9.1's while the prefix edits no upstream file).
+            edits = [p for p, (_s, owners) in files.items() if not isinstance(owners, str)]
+            later = [p for p in edits if p not in prefix and p.endswith(CXX_EXTS)] if set(edits) & set(prefix) else []
             started = time.time()
             res = subprocess.run([sys.executable, os.path.join(overlay.ROOT, "scripts", "compile_check.py"),
                                   "--overlay", tmp, "-j", str(jobs), "--cache", cache]
