@@ -3,8 +3,9 @@
 #   scripts/test.sh [--quick]     (--quick: dev preset only, no sanitizers)
 # Suites: the CTest harness under the dev, tsan and asan presets; the
 # BatchQueue tests (Debian's CPU torch, system python); flake8 and bash
-# lint; clang-format; the patch-vs-overlay check; and, when the baseline
-# cache exists, the patch apply check.
+# lint; clang-format; no copyright claims in added files; the SPIN models;
+# the differential compile check; the patch-vs-overlay check; and, when the
+# baseline cache exists, the patch apply check.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.." || exit 1
@@ -55,8 +56,31 @@ for f in $sh_files; do bash -n "$f" || bash_ok=1; done
 if command -v shellcheck >/dev/null; then shellcheck -S warning $sh_files || bash_ok=1; fi
 record "bash lint" $bash_ok
 
-cxx_files=$(git ls-files '*.h' '*.cpp' | grep -v '^tests/shim/')
+cxx_files=$(git ls-files '*.h' '*.cpp' | grep -v '^tests/shim/' | grep -v '^tests/compile/')
 clang-format --dry-run -Werror $cxx_files; record "clang-format" $?
+
+# Files this patch adds claim no one's copyright (upstream files keep theirs).
+new_files=$(git ls-files fork-overlay | grep -v '\.diff$')
+! grep -l "Copyright" $new_files; record "no copyright claims in added files" $?
+
+# Model checks (SPIN): the dependency protocol.
+for model in tests/model/run_stream_dependencies.sh; do
+  log=$(mktemp)
+  "$model" 2>&1 | tee "$log"
+  st=${PIPESTATUS[0]}
+  record "model $(basename "$model" .sh)" "$st" \
+    "$(grep -c ": 0 errors" "$log")" "$(grep -c "FAILED" "$log")"
+done
+
+# Differential compile check of the Objective-C++ half against v2.9.1's
+# headers (reports/compile-check.md).
+log=$(mktemp)
+scripts/compile_check.sh 2>&1 | tee "$log" | grep -vE "^  |^$" | tail -n 60
+st=${PIPESTATUS[0]}
+last=$(grep -E "^compile-check: " "$log" | tail -1)
+np=$(grep -oE "[0-9]+ passed" <<<"$last" | grep -oE "[0-9]+")
+nf=$(grep -oE "[0-9]+ failed" <<<"$last" | grep -oE "[0-9]+")
+record "compile check" "$st" "${np:-0}" "${nf:-0}"
 
 "$here/regenerate_cumulative_patch.sh" --check; record "patch matches overlay" $?
 
