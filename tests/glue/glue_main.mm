@@ -1,0 +1,38 @@
+// main() of the glue tests: configures the simulated device before anything
+// creates it, and gives the sanitizers their options (no environment needed,
+// so ctest's test discovery runs the same way).
+
+#include "SimMetalRuntime.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+extern "C" const char* __tsan_default_options() {
+  return "halt_on_error=1 second_deadlock_stack=1 suppressions=" GLUE_TSAN_SUPPRESSIONS;
+}
+#endif
+#if __has_feature(address_sanitizer)
+extern "C" const char* __asan_default_options() {
+  return "detect_leaks=1 abort_on_error=1";
+}
+extern "C" const char* __ubsan_default_options() {
+  return "print_stacktrace=1 halt_on_error=1";
+}
+#endif
+#endif
+
+int main(int argc, char** argv) {
+  sim::metal::RuntimeConfig config;
+  // GPU work takes time and completions come back out of order, so that
+  // missing ordering shows up as a hazard rather than passing by luck.
+  config.gpu.min_latency = std::chrono::microseconds(20);
+  config.gpu.max_latency = std::chrono::microseconds(300);
+  config.gpu.reorder_completions = 0.25;
+  config.gpu.widen_encode_windows = true;
+  sim::metal::configure(config);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
