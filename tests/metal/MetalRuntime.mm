@@ -583,7 +583,14 @@ SIM_OBJC_RETAIN_COUNT(DeviceState)
 
 // ---------------------------------------------------------------- capture
 
-// No capture tool is attached to the simulator.
+// No capture tool is attached to the simulator: the capture manager supports
+// no destination, so the profiler never starts a capture and the descriptor
+// class exists only for the link.
+@implementation MTLCaptureDescriptor
+SIM_OBJC_STATE(Stateless)
+SIM_OBJC_RETAIN_COUNT(Stateless)
+@end
+
 @implementation MTLCaptureManager
 SIM_OBJC_STATE(Stateless)
 SIM_OBJC_RETAIN_COUNT(Stateless)
