@@ -29,7 +29,8 @@ for v in "${variants[@]}"; do
   dir=$root/build/glue-$v
   start=$(date +%s)
   if ! cmake -S "$root/tests/glue" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_OBJCXX_COMPILER=clang++ \
+      -DCMAKE_C_COMPILER="$(command -v clang)" -DCMAKE_CXX_COMPILER="$(command -v clang++)" \
+      -DCMAKE_OBJCXX_COMPILER="$(command -v clang++)" \
       -DGLUE_PATHS="$root/build/glue/glue-paths.cmake" -DMPS_SANITIZER="$san" >/dev/null ||
      ! cmake --build "$dir" -j"$jobs"; then
     echo "glue[$v]: build FAILED"

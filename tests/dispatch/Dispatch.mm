@@ -20,14 +20,12 @@
 #include <ATen/mps/MPSThreadAnnotations.h>
 #include <dispatch/dispatch.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <map>
 #include <string>
 #include <thread>
-#include <vector>
 
 namespace {
 
@@ -53,8 +51,24 @@ struct QueueState {
   std::map<const void*, void*> specifics MPS_GUARDED_BY(mu);
 };
 
-// The queues whose items the calling thread is running, innermost last.
-thread_local std::vector<QueueState*> tls_running;
+// The queues whose items the calling thread is running: a chain through
+// run()'s frames, innermost first. A trivially destructible thread_local, so
+// that static destructors that dispatch after the main thread's
+// thread_locals are gone (MPSProfiler's) still find it.
+struct Running {
+  QueueState* queue;
+  const Running* outer;
+};
+thread_local const Running* tls_running = nullptr;
+
+bool isRunning(const QueueState* queue) {
+  for (const Running* r = tls_running; r != nullptr; r = r->outer) {
+    if (r->queue == queue) {
+      return true;
+    }
+  }
+  return false;
+}
 
 [[noreturn]] void crash(const char* what, const QueueState& queue) {
   std::fprintf(stderr, "BUG IN CLIENT OF LIBDISPATCH: %s (queue '%s')\n", what, queue.label.c_str());
@@ -62,9 +76,10 @@ thread_local std::vector<QueueState*> tls_running;
 }
 
 void run(QueueState* queue, const WorkItem& item) noexcept {
-  tls_running.push_back(queue);
+  const Running running{queue, tls_running};
+  tls_running = &running;
   item.work(item.context);
-  tls_running.pop_back();
+  tls_running = running.outer;
 }
 
 void finish(QueueState* queue) {
@@ -155,10 +170,10 @@ void dispatch_queue_set_specific(dispatch_queue_t queue, const void* key, void* 
 }
 
 void* dispatch_get_specific(const void* key) {
-  if (tls_running.empty()) {
+  if (tls_running == nullptr) {
     return nullptr;
   }
-  QueueState* state = tls_running.back();
+  QueueState* state = tls_running->queue;
   MutexLock lock(state->mu);
   auto it = state->specifics.find(key);
   return it == state->specifics.end() ? nullptr : it->second;
@@ -166,7 +181,7 @@ void* dispatch_get_specific(const void* key) {
 
 void dispatch_sync_f(dispatch_queue_t queue, void* context, dispatch_function_t work) {
   QueueState* state = stateOf(queue);
-  if (std::find(tls_running.begin(), tls_running.end(), state) != tls_running.end()) {
+  if (isRunning(state)) {
     crash("dispatch_sync called on queue already owned by current thread", *state);
   }
   WorkItem item{work, context, 0, true};

@@ -21,6 +21,17 @@ extern "C" const char* __asan_default_options() {
 extern "C" const char* __ubsan_default_options() {
   return "print_stacktrace=1 halt_on_error=1";
 }
+// GCC's libobjc registers every class, method list and selector of a module
+// when the module loads (__objc_exec_class, allocating with objc_malloc) and
+// GNUstep copies method lists at start-up (class_copyMethodList); the
+// runtime keeps them for the life of the process in tables LeakSanitizer
+// does not see as roots. libobjc has no frame pointers, so the allocating
+// frame is all the fast unwinder sees. Objective-C objects are not
+// allocated there (NSAllocateObject uses the zone's calloc).
+extern "C" const char* __lsan_default_suppressions() {
+  return "leak:objc_malloc\n"
+         "leak:class_copyMethodList\n";
+}
 #endif
 #endif
 
