@@ -12,8 +12,10 @@
 //    deadlocks in libdispatch; here it aborts with libdispatch's message;
 //  - an exception may not leave a work item (it cannot unwind through
 //    libdispatch): std::terminate, via noexcept.
-// Queues are never destroyed (the glue leaks them with its streams), so each
-// worker thread is detached and lives as long as the process.
+//  - dispatch_release drops a reference; a queue goes when the last one
+//    does. A queue's worker thread holds a reference while it runs and
+//    exits once no dispatch_async item is left, as libdispatch lends its
+//    pool threads to queues with work.
 
 #include "SimObjC.h"
 
@@ -47,6 +49,7 @@ struct QueueState {
   std::deque<WorkItem> fifo MPS_GUARDED_BY(mu);
   bool busy MPS_GUARDED_BY(mu) = false; // an item is running
   bool has_worker MPS_GUARDED_BY(mu) = false;
+  size_t async_items MPS_GUARDED_BY(mu) = 0; // in fifo
   uint64_t next_ticket MPS_GUARDED_BY(mu) = 0;
   std::map<const void*, void*> specifics MPS_GUARDED_BY(mu);
 };
@@ -90,16 +93,23 @@ void finish(QueueState* queue) {
   queue->changed.notifyAll();
 }
 
-void workerLoop(QueueState* queue) {
+// Runs `object`'s dispatch_async items until none is left, then drops the
+// reference that enqueueAsync() took for it.
+void workerLoop(id object, QueueState* queue) {
   for (;;) {
     WorkItem item;
     {
       MutexLock lock(queue->mu);
       queue->changed.wait(queue->mu, [queue]() MPS_REQUIRES(queue->mu) {
-        return !queue->busy && !queue->fifo.empty() && !queue->fifo.front().sync;
+        return queue->async_items == 0 || (!queue->busy && !queue->fifo.front().sync);
       });
+      if (queue->async_items == 0) {
+        queue->has_worker = false;
+        break;
+      }
       item = queue->fifo.front();
       queue->fifo.pop_front();
+      --queue->async_items;
       queue->busy = true;
     }
     @autoreleasepool {
@@ -107,15 +117,18 @@ void workerLoop(QueueState* queue) {
     }
     finish(queue);
   }
+  [object release];
 }
 
-void enqueueAsync(QueueState* queue, void* context, dispatch_function_t work) {
+void enqueueAsync(id object, QueueState* queue, void* context, dispatch_function_t work) {
   {
     MutexLock lock(queue->mu);
     queue->fifo.push_back({work, context, queue->next_ticket++, false});
+    ++queue->async_items;
     if (!queue->has_worker) {
       queue->has_worker = true;
-      std::thread([queue] { workerLoop(queue); }).detach();
+      [object retain];
+      std::thread([object, queue] { workerLoop(object, queue); }).detach();
     }
   }
   queue->changed.notifyAll();
@@ -204,7 +217,11 @@ void dispatch_sync(dispatch_queue_t queue, dispatch_block_t block) {
 }
 
 void dispatch_async(dispatch_queue_t queue, dispatch_block_t block) {
-  enqueueAsync(stateOf(queue), (void*)_Block_copy((const void*)block), callAndReleaseBlock);
+  enqueueAsync(queue, stateOf(queue), (void*)_Block_copy((const void*)block), callAndReleaseBlock);
+}
+
+void dispatch_release(dispatch_object_t object) {
+  [object release];
 }
 
 } // extern "C"

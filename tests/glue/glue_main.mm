@@ -4,9 +4,17 @@
 
 #include "SimMetalRuntime.h"
 
+#import <Foundation/Foundation.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#include <sanitizer/lsan_interface.h>
+#define GLUE_LSAN 1
+#endif
+#endif
 
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
@@ -44,6 +52,16 @@ int main(int argc, char** argv) {
   config.gpu.reorder_completions = 0.25;
   config.gpu.widen_encode_windows = true;
   sim::metal::configure(config);
+#ifdef GLUE_LSAN
+  // GNUstep's first NSDictionary keeps a 24-byte object that LeakSanitizer
+  // cannot reach; made here, with leak checking off, it is not reported
+  // from whichever thread first builds a dictionary (an NSError's userInfo).
+  __lsan_disable();
+  @autoreleasepool {
+    [NSDictionary dictionaryWithObject:@"" forKey:@""];
+  }
+  __lsan_enable();
+#endif
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -185,6 +185,7 @@ TEST_F(GlueTest, DeviceSynchronizeWaitsForWorkOtherThreadsEncodedBeforeIt) {
     finished.fetch_add(1);
   });
   checker.join();
+  at::mps::synchronizeAllMPSStreams(); // the kernels write `done`
 }
 
 // A command buffer that completes with an error: the next wait on its
