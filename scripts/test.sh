@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test suite of the repository; exits non-zero if any fails.
 #   scripts/test.sh [--quick]     (--quick: dev preset only, no sanitizers)
-# Suites: the CTest harness under the dev, tsan and asan presets; the
-# BatchQueue tests (Debian's CPU torch, system python); flake8 and bash
+# Suites: the CTest harness under the dev, tsan and asan presets; the glue
+# tests (scripts/glue_tests.sh) in the same variants; the BatchQueue tests (Debian's CPU torch, system python); flake8 and bash
 # lint; clang-format; the patch-vs-overlay check; and, when the baseline
 # cache exists, the patch apply check.
 set -uo pipefail
@@ -39,6 +39,16 @@ ctest_suite() { # ctest_suite PRESET
 presets=(dev tsan asan)
 [ "${1:-}" = "--quick" ] && presets=(dev)
 for p in "${presets[@]}"; do ctest_suite "$p"; done
+
+# The patched Objective-C++ glue on the simulated Metal runtime
+# (reports/glue-on-linux.md), in the same variants.
+log=$(mktemp)
+"$here/glue_tests.sh" "${presets[@]}" 2>&1 | tee "$log" | grep -E "^glue|tests passed|\*\*\*|FAILED|error"
+st=${PIPESTATUS[0]}
+np=0 nf=0
+while read -r a b; do np=$((np + a)); nf=$((nf + b)); done < <(
+  sed -nE 's/^glue\[[a-z]+\]: ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/p' "$log")
+record "glue" "$st" "$np" "$nf"
 
 log=$(mktemp)
 /usr/bin/python3 -m pytest -q tests/python 2>&1 | tee "$log" | tail -3

@@ -146,7 +146,7 @@ void callAndReleaseBlock(void* block) {
 
 } // namespace
 
-@interface SimDispatchQueue : NSObject <OS_dispatch_queue>
+@interface SimDispatchQueue : NSObject<OS_dispatch_queue>
 @end
 
 @implementation SimDispatchQueue
@@ -172,7 +172,10 @@ dispatch_queue_t dispatch_queue_create(const char* label, dispatch_queue_attr_t 
   return queue;
 }
 
-void dispatch_queue_set_specific(dispatch_queue_t queue, const void* key, void* context, dispatch_function_t destructor) {
+void dispatch_queue_set_specific(dispatch_queue_t queue,
+                                 const void* key,
+                                 void* context,
+                                 dispatch_function_t destructor) {
   QueueState* state = stateOf(queue);
   if (destructor != nullptr) {
     // it would run when the queue is destroyed, which never happens here
@@ -202,9 +205,8 @@ void dispatch_sync_f(dispatch_queue_t queue, void* context, dispatch_function_t 
     MutexLock lock(state->mu);
     item.ticket = state->next_ticket++;
     state->fifo.push_back(item);
-    state->changed.wait(state->mu, [&]() MPS_REQUIRES(state->mu) {
-      return !state->busy && state->fifo.front().ticket == item.ticket;
-    });
+    state->changed.wait(
+        state->mu, [&]() MPS_REQUIRES(state->mu) { return !state->busy && state->fifo.front().ticket == item.ticket; });
     state->fifo.pop_front();
     state->busy = true;
   }

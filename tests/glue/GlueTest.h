@@ -46,12 +46,11 @@ c10::DataPtr allocated(size_t bytes);
 int64_t* words(id<MTLBuffer> buffer);
 
 // An op on the calling thread's current stream, in its own autorelease pool
-// as ops have: binds `buffers` in the
-// stream's compute encoder and dispatches one kernel whose body runs on the
-// simulated GPU. kTracked records each buffer as written, as
-// getMTLBufferStorage does; kUntracked is work the dependency tracker does
-// not see (a user's own Metal code on the stream's command buffer), which
-// only events or synchronization order.
+// as ops have: binds `buffers` in the stream's compute encoder and
+// dispatches one kernel whose body runs on the simulated GPU. kTracked
+// records each buffer as written, as getMTLBufferStorage does; kUntracked is
+// work the dependency tracker does not see (a user's own Metal code on the
+// stream's command buffer), which only events or synchronization order.
 enum class Tracking { kTracked, kUntracked };
 void encodeKernel(
     const std::vector<id<MTLBuffer>>& buffers,
@@ -66,6 +65,8 @@ void encodeCopy(id<MTLBuffer> src, id<MTLBuffer> dst);
 void onThreads(int n, const std::function<void(int)>& fn);
 
 // Polls `done` until it holds or `limit` passes; true if it held.
-bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(20));
+bool eventually(
+    const std::function<bool()>& done,
+    std::chrono::milliseconds limit = std::chrono::seconds(20));
 
 } // namespace glue

@@ -122,8 +122,7 @@ TEST_F(GlueTest, EventQueryTurnsTrueAndSynchronizeWaits) {
   EXPECT_TRUE(event.query()); // never recorded
   c10::DataPtr data = glue::allocated(64);
   sim::BufferPtr b = sim::metal::bufferOf(glue::bufferOf(data));
-  glue::encodeKernel(
-      {glue::bufferOf(data)}, [b] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
+  glue::encodeKernel({glue::bufferOf(data)}, [b] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
   event.record(at::mps::getCurrentMPSStream()->unwrap());
   event.synchronize();
   EXPECT_TRUE(event.query());
@@ -181,8 +180,8 @@ TEST_F(GlueTest, RecordDataPtrOnStreamKeepsTheBlockFromReuseUntilTheUseCompleted
     {
       c10::StreamGuard g(b);
       sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(data));
-      glue::encodeKernel(
-          {glue::bufferOf(data)}, [buffer] { std::this_thread::sleep_for(std::chrono::microseconds(500)); });
+      glue::encodeKernel({glue::bufferOf(data)},
+                         [buffer] { std::this_thread::sleep_for(std::chrono::microseconds(500)); });
       at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
     }
     guard()->recordDataPtrOnStream(data, b);

@@ -200,8 +200,7 @@ TEST_F(GlueTest, FailedCommandBufferReachesTheUserAsAnError) {
     guard->synchronizeStream(stream);
     FAIL() << "synchronizeStream returned after a failed command buffer";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("simulated GPU fault (page fault at 0x1000)"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("simulated GPU fault (page fault at 0x1000)"), std::string::npos) << e.what();
   }
   guard->synchronizeStream(stream);
   glue::encodeIncrement(glue::bufferOf(data));
@@ -254,18 +253,18 @@ TEST_F(GlueTest, GraphsRunFromManyThreadsIncludingTheDefaultStream) {
           reinterpret_cast<int64_t*>(b->contents())[0] = t * 1000 + r;
         });
         MPSGraphTensorData* in_data = [[[MPSGraphTensorData alloc] initWithMTLBuffer:glue::bufferOf(src)
-                                                                              shape:shape
-                                                                           dataType:MPSDataTypeInt64] autorelease];
-        MPSGraphTensorData* out_data = [[[MPSGraphTensorData alloc] initWithMTLBuffer:glue::bufferOf(dst)
                                                                                shape:shape
                                                                             dataType:MPSDataTypeInt64] autorelease];
+        MPSGraphTensorData* out_data = [[[MPSGraphTensorData alloc] initWithMTLBuffer:glue::bufferOf(dst)
+                                                                                shape:shape
+                                                                             dataType:MPSDataTypeInt64] autorelease];
         at::mps::noteMPSGraphUse((__bridge const void*)in_data, (__bridge const void*)glue::bufferOf(src));
         at::mps::noteMPSGraphUse((__bridge const void*)out_data, (__bridge const void*)glue::bufferOf(dst));
-        at::mps::getCurrentMPSStream()->executeMPSGraph(graph,
-                                                        [NSDictionary dictionaryWithObject:in_data forKey:in],
-                                                        [NSDictionary dictionaryWithObject:out_data forKey:out],
-                                                        r % 5 == 4 ? at::mps::SyncType::COMMIT_AND_WAIT
-                                                                   : at::mps::SyncType::NONE);
+        at::mps::getCurrentMPSStream()->executeMPSGraph(
+            graph,
+            [NSDictionary dictionaryWithObject:in_data forKey:in],
+            [NSDictionary dictionaryWithObject:out_data forKey:out],
+            r % 5 == 4 ? at::mps::SyncType::COMMIT_AND_WAIT : at::mps::SyncType::NONE);
         if (r % 5 == 4) {
           EXPECT_EQ(glue::words(glue::bufferOf(dst))[0], t * 1000 + r);
         }

@@ -173,7 +173,7 @@ using namespace sim::metal;
 
 // ---------------------------------------------------------------- buffers
 
-@interface SimMTLBuffer : NSObject <MTLBuffer>
+@interface SimMTLBuffer : NSObject<MTLBuffer>
 @end
 
 @implementation SimMTLBuffer
@@ -212,7 +212,7 @@ SIM_OBJC_STATE(BufferState)
 }
 @end
 
-@interface SimMTLHeap : NSObject <MTLHeap>
+@interface SimMTLHeap : NSObject<MTLHeap>
 @end
 
 @implementation SimMTLHeap
@@ -292,7 +292,7 @@ SIM_OBJC_RETAIN_COUNT(HeapDescriptorState)
 
 // ---------------------------------------------------------------- events
 
-@interface SimMTLSharedEvent : NSObject <MTLSharedEvent>
+@interface SimMTLSharedEvent : NSObject<MTLSharedEvent>
 @end
 
 @implementation SimMTLSharedEvent
@@ -342,7 +342,7 @@ SharedEventPtr sharedEventOf(id<MTLEvent> event) {
 
 // ---------------------------------------------------------------- encoders
 
-@interface SimComputeEncoder : NSObject <MTLComputeCommandEncoder>
+@interface SimComputeEncoder : NSObject<MTLComputeCommandEncoder>
 @end
 
 @implementation SimComputeEncoder
@@ -381,7 +381,7 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
 }
 @end
 
-@interface SimBlitEncoder : NSObject <MTLBlitCommandEncoder>
+@interface SimBlitEncoder : NSObject<MTLBlitCommandEncoder>
 @end
 
 @implementation SimBlitEncoder
@@ -420,7 +420,7 @@ SIM_OBJC_RETAIN_COUNT(BlitEncoderState)
 
 // ---------------------------------------------------------------- command buffers
 
-@interface SimCompletedCommandBuffer : NSObject <MTLCommandBuffer>
+@interface SimCompletedCommandBuffer : NSObject<MTLCommandBuffer>
 @end
 
 @implementation SimCompletedCommandBuffer
@@ -508,7 +508,7 @@ SIM_OBJC_RETAIN_COUNT(CommandBufferState)
 
 // ---------------------------------------------------------------- queue, device
 
-@interface SimMTLCommandQueue : NSObject <MTLCommandQueue>
+@interface SimMTLCommandQueue : NSObject<MTLCommandQueue>
 @end
 
 @implementation SimMTLCommandQueue
@@ -522,7 +522,7 @@ SIM_OBJC_RETAIN_COUNT(QueueState)
 }
 @end
 
-@interface SimMTLDevice : NSObject <MTLDevice>
+@interface SimMTLDevice : NSObject<MTLDevice>
 @end
 
 @implementation SimMTLDevice
@@ -647,10 +647,9 @@ CommandBufferPtr commandBufferOf(id<MTLCommandBuffer> commandBuffer) {
   return state<CommandBufferState>(commandBuffer).buffer;
 }
 
-void dispatchKernel(
-    id<MTLComputeCommandEncoder> encoder,
-    const std::vector<id<MTLBuffer>>& buffers,
-    std::function<void()> body) {
+void dispatchKernel(id<MTLComputeCommandEncoder> encoder,
+                    const std::vector<id<MTLBuffer>>& buffers,
+                    std::function<void()> body) {
   for (NSUInteger i = 0; i < buffers.size(); ++i) {
     [encoder setBuffer:buffers[i] offset:0 atIndex:i];
   }

@@ -14,8 +14,8 @@
 // Blocks are not objects under GCC's runtime (sending them -copy or -release
 // crashes), so the frameworks hold them through HeldBlock.
 
-#import <Foundation/Foundation.h>
 #include <Block.h>
+#import <Foundation/Foundation.h>
 #include <objc/runtime.h>
 
 #include <atomic>
@@ -42,9 +42,7 @@ T& state(id object) {
 
 template <typename T>
 id allocate(Class cls, NSZone* zone) {
-  static_assert(
-      alignof(Boxed<T>) <= alignof(void*),
-      "extra bytes follow the instance variables at pointer alignment");
+  static_assert(alignof(Boxed<T>) <= alignof(void*), "extra bytes follow the instance variables at pointer alignment");
   id object = NSAllocateObject(cls, sizeof(Boxed<T>), zone);
   new (object_getIndexedIvars(object)) Boxed<T>();
   return object;
@@ -76,8 +74,7 @@ void destroy(id object) {
 template <typename B>
 class HeldBlock {
  public:
-  explicit HeldBlock(B block)
-      : copy_(_Block_copy((const void*)block), _Block_release) {}
+  explicit HeldBlock(B block) : copy_(_Block_copy((const void*)block), _Block_release) {}
   B get() const {
     return (B)copy_.get();
   }

@@ -20,7 +20,7 @@ uint64_t clock_gettime_nsec_np(clockid_t clock_id) {
   return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
 }
 
-@interface SimOSLog : NSObject <OS_os_log>
+@interface SimOSLog : NSObject<OS_os_log>
 @end
 
 @implementation SimOSLog

@@ -34,7 +34,8 @@ constexpr _Unwind_Exception_Class kObjCExceptionClass = 0x474e55434f424a43ULL;
 
 Personality objcPersonality() {
   static const Personality next = [] {
-    auto found = reinterpret_cast<Personality>(dlsym(RTLD_NEXT, "__gnu_objc_personality_v0"));
+    auto found = reinterpret_cast<Personality>(
+        dlsym(RTLD_NEXT, "__gnu_objc_personality_v0"));
     if (found == nullptr) {
       std::fprintf(stderr, "libobjc's __gnu_objc_personality_v0 not found\n");
       std::abort();
@@ -60,7 +61,9 @@ extern "C" _Unwind_Reason_Code __gnu_objc_personality_v0(
     _Unwind_Exception* exception,
     _Unwind_Context* context) {
   if (exception_class == kObjCExceptionClass) {
-    return objcPersonality()(version, actions, exception_class, exception, context);
+    return objcPersonality()(
+        version, actions, exception_class, exception, context);
   }
-  return __gxx_personality_v0(version, actions, exception_class, exception, context);
+  return __gxx_personality_v0(
+      version, actions, exception_class, exception, context);
 }
