@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test suite of the repository; exits non-zero if any fails.
 #   scripts/test.sh [--quick]     (--quick: dev preset only, no sanitizers)
-# Suites: the CTest harness under the dev, tsan and asan presets; the
-# BatchQueue tests (Debian's CPU torch, system python); flake8 and bash
-# lint; clang-format; no copyright claims in added files; the SPIN models;
-# the differential compile check; the patch-vs-overlay check; and, when the
-# baseline cache exists, the patch apply check.
+# Suites: the CTest harness under the dev, tsan and asan presets; the glue
+# tests (scripts/glue_tests.sh) in the same variants; the BatchQueue tests
+# (Debian's CPU torch, system python); flake8 and bash lint; clang-format; no
+# copyright claims in added files; the SPIN models; the differential compile
+# check; the patch-vs-overlay check; and, when the baseline cache exists, the
+# patch apply check.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.." || exit 1
@@ -40,6 +41,24 @@ ctest_suite() { # ctest_suite PRESET
 presets=(dev tsan asan)
 [ "${1:-}" = "--quick" ] && presets=(dev)
 for p in "${presets[@]}"; do ctest_suite "$p"; done
+
+# The patched Objective-C++ glue on the simulated Metal runtime
+# (reports/glue-on-linux.md), in the same variants. The patched .mm files are
+# the v2.9.1 baseline plus the overlay's diffs, so without the baseline cache
+# (../shared/baseline/README.md) there is nothing to build.
+baseline=$HOME/.cache/pytorch-v2.9.1-mps-baseline
+if [ -d "$baseline" ]; then
+  log=$(mktemp)
+  "$here/glue_tests.sh" "${presets[@]}" 2>&1 | tee "$log" |
+    grep -E "^glue|tests passed|\*\*\*|FAILED|error"
+  st=${PIPESTATUS[0]}
+  np=0 nf=0
+  while read -r a b; do np=$((np + a)); nf=$((nf + b)); done < <(
+    sed -nE 's/^glue\[[a-z]+\]: ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/p' "$log")
+  record "glue" "$st" "$np" "$nf"
+else
+  echo "== baseline cache $baseline absent: SKIPPING the glue tests"
+fi
 
 log=$(mktemp)
 /usr/bin/python3 -m pytest -q tests/python 2>&1 | tee "$log" | tail -3
@@ -84,7 +103,6 @@ record "compile check" "$st" "${np:-0}" "${nf:-0}"
 
 "$here/regenerate_cumulative_patch.sh" --check; record "patch matches overlay" $?
 
-baseline=$HOME/.cache/pytorch-v2.9.1-mps-baseline
 if [ -d "$baseline" ]; then
   "$here/apply_patch.sh"; record "patch applies to v2.9.1 baseline" $?
 else
