@@ -18,7 +18,6 @@ import argparse
 import collections
 import concurrent.futures
 import contextlib
-import hashlib
 import importlib.util
 import io
 import json
@@ -31,9 +30,10 @@ import tempfile
 import time
 import zipfile
 
+import torch_wheel
+from torch_wheel import HOME_CACHE, SetupError
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOME_CACHE = os.path.join(os.path.expanduser("~"), ".cache")
-WHEEL_DIR = os.path.join(HOME_CACHE, "torch-wheels")
 WHEEL_TSV = os.path.join(ROOT, "tests", "compile", "wheel.tsv")
 INCLUDE_CACHE = os.path.join(HOME_CACHE, "mps-compile-check", "torch-2.9.1-macos-include")
 DEFAULT_BASELINE = os.path.join(HOME_CACHE, "pytorch-v2.9.1-mps-baseline")
@@ -42,8 +42,7 @@ CALLERS_TSV = os.path.join(ROOT, "tests", "compile", "callers.tsv")
 DEFAULT_CALLERS = os.path.join(HOME_CACHE, "pytorch-v2.9-mps-callers-resolved")
 SDK_DIR = os.path.join(ROOT, "tests", "compile", "sdk")
 SHIM_DIR = os.path.join(ROOT, "tests", "compile", "shim")
-PIP_DOWNLOAD = ["download", "--no-deps", "--only-binary=:all:", "--platform", "macosx_11_0_arm64",
-                "--python-version", "3.11", "--implementation", "cp", "torch==2.9.1"]
+PIP_PLATFORM = "macosx_11_0_arm64"
 
 # CMAKE_CXX_FLAGS of the torch 2.9.1 macOS arm64 wheel, verbatim as its
 # libtorch_cpu.dylib embeds them (its build-settings string); check_flags()
@@ -98,64 +97,17 @@ def objcxx_warning_flags(cxx_flags):
     return ["-W" + f[len("-Werror="):] if f.startswith("-Werror=") else f for f in cxx_flags.split()]
 
 
-class SetupError(Exception):
-    pass
-
-
 # --- The wheel ----------------------------------------------------------------
 
-def read_wheel_pin():
-    with open(WHEEL_TSV, encoding="utf-8") as f:
-        rows = [line.rstrip("\n").split("\t") for line in f
-                if line.strip() and not line.startswith("#")]
-    if len(rows) != 1 or len(rows[0]) < 2:
-        raise SetupError(f"{os.path.relpath(WHEEL_TSV, ROOT)} must hold one 'file<TAB>sha256' row")
-    return rows[0][0], rows[0][1]
-
-
-def sha256_of(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def fetch_wheel():
-    name, want = read_wheel_pin()
-    path = os.path.join(WHEEL_DIR, name)
-    if not os.path.isfile(path):
-        os.makedirs(WHEEL_DIR, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip"] + PIP_DOWNLOAD + ["-d", WHEEL_DIR]
-        print("downloading the wheel: " + " ".join(cmd), flush=True)
-        if subprocess.run(cmd).returncode != 0 or not os.path.isfile(path):
-            raise SetupError(f"could not download {name} into {WHEEL_DIR}")
-    got = sha256_of(path)
-    if got != want:
-        raise SetupError(f"{path}: sha256 {got}, expected {want} (tests/compile/wheel.tsv)")
-    return path, want
+    return torch_wheel.fetch(WHEEL_TSV, PIP_PLATFORM)
 
 
 def unpack_includes(wheel, sha):
     """torch/include of the wheel, unpacked once into ~/.cache."""
-    stamp = os.path.join(INCLUDE_CACHE, ".wheel-sha256")
-    if os.path.isfile(stamp) and open(stamp, encoding="utf-8").read().strip() == sha:
-        return INCLUDE_CACHE
-    tmp = tempfile.mkdtemp(prefix=".unpack-", dir=os.path.dirname(INCLUDE_CACHE))
     prefix = "torch/include/"
-    with zipfile.ZipFile(wheel) as z:
-        for member in z.infolist():
-            if member.filename.startswith(prefix) and not member.is_dir():
-                rel = member.filename[len(prefix):]
-                dst = os.path.join(tmp, rel)
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
-                with z.open(member) as src, open(dst, "wb") as out:
-                    shutil.copyfileobj(src, out)
-    with open(os.path.join(tmp, ".wheel-sha256"), "w", encoding="utf-8") as f:
-        f.write(sha + "\n")
-    shutil.rmtree(INCLUDE_CACHE, ignore_errors=True)
-    os.rename(tmp, INCLUDE_CACHE)
-    return INCLUDE_CACHE
+    return torch_wheel.unpack(wheel, sha, INCLUDE_CACHE,
+                              lambda name: name[len(prefix):] if name.startswith(prefix) else None)
 
 
 def check_flags(wheel, sha):

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test suite of the repository; exits non-zero if any fails.
 #   scripts/test.sh [--quick]     (--quick: dev preset only, no sanitizers)
-# Suites: the CTest harness under the dev, tsan and asan presets; the
-# BatchQueue tests (Debian's CPU torch, system python); flake8 and bash
-# lint; clang-format; the patch-vs-overlay and series-vs-overlay checks; and,
-# when the baseline cache exists, the patch apply check and the check that the
-# series applied in order yields the cumulative patch's tree. The per-prefix
-# compile check of the series is separate (scripts/series.py compile).
+# Suites: the CTest harness under the dev, tsan and asan presets; the glue
+# tests (scripts/glue_tests.sh) in the same variants; the BatchQueue tests
+# (Debian's CPU torch, system python); flake8 and bash lint; clang-format; no
+# copyright claims in added files; the SPIN models; the differential compile
+# check; the patch-vs-overlay and series-vs-overlay checks; and, when the
+# baseline cache exists, the patch apply check and the check that the series
+# applied in order yields the cumulative patch's tree. The per-prefix compile
+# check of the series is separate (scripts/series.py compile).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.." || exit 1
@@ -42,6 +44,24 @@ presets=(dev tsan asan)
 [ "${1:-}" = "--quick" ] && presets=(dev)
 for p in "${presets[@]}"; do ctest_suite "$p"; done
 
+# The patched Objective-C++ glue on the simulated Metal runtime
+# (reports/glue-on-linux.md), in the same variants. The patched .mm files are
+# the v2.9.1 baseline plus the overlay's diffs, so without the baseline cache
+# (../shared/baseline/README.md) there is nothing to build.
+baseline=$HOME/.cache/pytorch-v2.9.1-mps-baseline
+if [ -d "$baseline" ]; then
+  log=$(mktemp)
+  "$here/glue_tests.sh" "${presets[@]}" 2>&1 | tee "$log" |
+    grep -E "^glue|tests passed|\*\*\*|FAILED|error"
+  st=${PIPESTATUS[0]}
+  np=0 nf=0
+  while read -r a b; do np=$((np + a)); nf=$((nf + b)); done < <(
+    sed -nE 's/^glue\[[a-z]+\]: ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/p' "$log")
+  record "glue" "$st" "$np" "$nf"
+else
+  echo "== baseline cache $baseline absent: SKIPPING the glue tests"
+fi
+
 log=$(mktemp)
 /usr/bin/python3 -m pytest -q tests/python 2>&1 | tee "$log" | tail -3
 st=${PIPESTATUS[0]}
@@ -57,13 +77,33 @@ for f in $sh_files; do bash -n "$f" || bash_ok=1; done
 if command -v shellcheck >/dev/null; then shellcheck -S warning $sh_files || bash_ok=1; fi
 record "bash lint" $bash_ok
 
-cxx_files=$(git ls-files '*.h' '*.cpp' | grep -v '^tests/shim/')
+cxx_files=$(git ls-files '*.h' '*.cpp' | grep -v '^tests/shim/' | grep -v '^tests/compile/')
 clang-format --dry-run -Werror $cxx_files; record "clang-format" $?
+
+# Files this patch adds claim no one's copyright (upstream files keep theirs).
+new_files=$(git ls-files fork-overlay | grep -v '\.diff$')
+! grep -l "Copyright" $new_files; record "no copyright claims in added files" $?
+
+# Model check (SPIN) of the cross-stream dependency protocol.
+log=$(mktemp)
+tests/model/run_stream_dependencies.sh 2>&1 | tee "$log"
+st=${PIPESTATUS[0]}
+record "model stream_dependencies" "$st" \
+  "$(grep -c ": 0 errors" "$log")" "$(grep -c "FAILED" "$log")"
+
+# Differential compile check of the Objective-C++ half against v2.9.1's
+# headers (reports/compile-check.md).
+log=$(mktemp)
+scripts/compile_check.sh 2>&1 | tee "$log" | grep -vE "^  |^$" | tail -n 60
+st=${PIPESTATUS[0]}
+last=$(grep -E "^compile-check: " "$log" | tail -1)
+np=$(grep -oE "[0-9]+ passed" <<<"$last" | grep -oE "[0-9]+")
+nf=$(grep -oE "[0-9]+ failed" <<<"$last" | grep -oE "[0-9]+")
+record "compile check" "$st" "${np:-0}" "${nf:-0}"
 
 "$here/regenerate_cumulative_patch.sh" --check; record "patch matches overlay" $?
 python3 "$here/series.py" check; record "series matches overlay" $?
 
-baseline=$HOME/.cache/pytorch-v2.9.1-mps-baseline
 if [ -d "$baseline" ]; then
   "$here/apply_patch.sh"; record "patch applies to v2.9.1 baseline" $?
   "$here/apply_patch.sh" --series; record "series composes to the cumulative patch" $?

@@ -24,6 +24,10 @@
  * reads one stream at a time); SPIN then finds an op told "no order exists"
  * in a scenario that has one.
  *
+ * NO_RAW and NO_WAR drop the wait of a use for the last write on another
+ * stream, and of a write for other streams' reads; the safety assertion
+ * then fails in the ring scenario (which shows that it can).
+ *
  * OLD_RULE puts back the protocol before the fix: the fast path stores its
  * mark and re-checks ownership afterwards (a failed re-check records again at
  * the same mark), GPU waits are encoded for uncommitted marks, and only
@@ -256,18 +260,22 @@ inline record(s, b, acc, m, bi) {
        word_owner[b] = 0; word_wrote[b] = 0; word_mark[b] = 0
     :: else -> skip
     fi;
+#ifndef NO_RAW
     if
     :: has_write[b] && lw_s[b] != s -> add_need(lw_s[b], lw_m[b])
     :: else -> skip
     fi;
+#endif
     if
     :: acc == WRITE ->
+#ifndef NO_WAR
        i = 0;
        do
        :: i < NS -> if :: i != s && reads[b * NS + i] != 0 -> add_need(i, reads[b * NS + i])
                        :: else -> skip fi; i++
        :: else -> break
        od;
+#endif
        has_write[b] = 1; lw_s[b] = s; lw_m[b] = m;
        i = 0;
        do :: i < NS -> reads[b * NS + i] = 0; i++ :: else -> break od
@@ -676,15 +684,17 @@ proctype in_pass_other() {
 }
 
 /* Streams in a ring, each handing a buffer on to the next: stream s reads
-   buffer (s + NS - 1) % NS and writes buffer s; stream 0 then reuses the
-   buffer it was handed, overwriting it without reading it, as the allocator
-   does when it hands a freed block to another stream. */
+   buffer (s + NS - 1) % NS and writes buffer s; stream 0 then reuses its
+   own output, which the next stream read, and the buffer it was handed,
+   overwriting each without reading it, as the allocator does when it hands
+   a freed block to another stream. */
 proctype ring_worker(byte s) {
   LOCALS;
   prev = (s + NS - 1) % NS;
   op2(s, prev, READ, s, WRITE, SYNC_NONE);
   if
-  :: s == 0 -> op2(s, prev, WRITE, NONE_B, READ, SYNC_COMMIT)
+  :: s == 0 -> op2(s, s, WRITE, NONE_B, READ, SYNC_NONE);
+               op2(s, prev, WRITE, NONE_B, READ, SYNC_COMMIT)
   :: else -> skip
   fi;
   commit_and_wait(s);

@@ -9,14 +9,21 @@ namespace sim {
 
 // ---------------------------------------------------------------- Buffer
 
-Buffer::Buffer(Device* device, uint64_t id, size_t words)
+Buffer::Buffer(Device* device, uint64_t id, size_t words, size_t bytes)
     : device_(device),
       id_(id),
       words_(words),
+      bytes_(bytes),
       data_(new std::atomic<int64_t>[words]) {
   for (size_t i = 0; i < words; ++i) {
     data_[i].store(0, std::memory_order_relaxed);
   }
+}
+
+unsigned char* Buffer::contents() {
+  std::call_once(
+      contents_once_, [this] { contents_.reset(new unsigned char[bytes_]()); });
+  return contents_.get();
 }
 
 int64_t Buffer::read(size_t i) const {
@@ -562,8 +569,8 @@ QueuePtr Device::newCommandQueue() {
   return q;
 }
 
-BufferPtr Device::newBuffer(size_t words) {
-  return std::make_shared<Buffer>(this, next_id_.fetch_add(1), words);
+BufferPtr Device::newBuffer(size_t words, size_t bytes) {
+  return std::make_shared<Buffer>(this, next_id_.fetch_add(1), words, bytes);
 }
 
 SharedEventPtr Device::newSharedEvent() {

@@ -71,16 +71,25 @@ struct Config {
 
 enum class Access { kRead, kWrite };
 
-// A GPU buffer with real contents (int64 words) and a retain count.
+// A GPU buffer with real contents and a retain count. The contents come in
+// two independent views: int64 words (read/write, for the simulator's own
+// tests) and `bytes` of raw memory (contents(), what MTLBuffer.contents maps
+// for the Objective-C face in tests/metal).
 class Buffer {
  public:
-  Buffer(Device* device, uint64_t id, size_t words);
+  Buffer(Device* device, uint64_t id, size_t words, size_t bytes = 0);
   uint64_t id() const {
     return id_;
   }
   size_t words() const {
     return words_;
   }
+  size_t bytes() const {
+    return bytes_;
+  }
+  // The byte view, zeroed on first use. Unsynchronised memory like a real
+  // shared buffer: the CPU and GPU work must be ordered by their users.
+  unsigned char* contents();
   // +1 for the owner, +1 per in-flight command buffer that encoded it.
   int retainCount() const {
     return retain_count_.load(std::memory_order_acquire);
@@ -94,8 +103,11 @@ class Buffer {
   Device* device_;
   const uint64_t id_;
   const size_t words_;
+  const size_t bytes_;
   std::atomic<int> retain_count_{1};
   std::unique_ptr<std::atomic<int64_t>[]> data_;
+  std::once_flag contents_once_;
+  std::unique_ptr<unsigned char[]> contents_;
 };
 using BufferPtr = std::shared_ptr<Buffer>;
 
@@ -310,7 +322,7 @@ class Device {
 
   // nullptr when a queue-creation fault is armed.
   QueuePtr newCommandQueue();
-  BufferPtr newBuffer(size_t words);
+  BufferPtr newBuffer(size_t words, size_t bytes = 0);
   SharedEventPtr newSharedEvent();
 
   // Fault injection; the fixture resets these.

@@ -3,6 +3,7 @@
 
 #include "harness.h"
 
+#include <algorithm>
 #include <atomic>
 #include <numeric>
 #include <thread>
@@ -133,6 +134,23 @@ TEST_F(SimMetalTest, QueueRunsBuffersInCommitOrderAsynchronously) {
   std::vector<int> expected(20);
   std::iota(expected.begin(), expected.end(), 0);
   EXPECT_EQ(order, expected);
+}
+
+TEST_F(SimMetalTest, ByteContentsAreZeroedAndWrittenByGpuWork) {
+  auto q = device().newCommandQueue();
+  auto buf = device().newBuffer(0, 16);
+  ASSERT_EQ(buf->bytes(), 16u);
+  EXPECT_EQ(buf->contents()[15], 0);
+  auto cb = q->makeCommandBuffer();
+  auto enc = cb->computeEncoder();
+  enc->dispatch({{{buf, sim::Access::kWrite}}, [buf] {
+                   std::fill_n(buf->contents(), buf->bytes(), 7);
+                 }});
+  enc->endEncoding();
+  cb->commit();
+  cb->waitUntilCompleted();
+  EXPECT_EQ(buf->contents()[0], 7);
+  EXPECT_EQ(buf->contents()[15], 7);
 }
 
 TEST_F(SimMetalTest, CompletedHandlersRunOnAnotherThreadAfterWorkAndOnError) {

@@ -225,6 +225,14 @@ typedef NS_ENUM(NSUInteger, MTLLibraryError) {
                                                              error:(NSError**)error;
 @end
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+id<MTLDevice> MTLCreateSystemDefaultDevice(void);
+#ifdef __cplusplus
+}
+#endif
+
 // --- Command submission -----------------------------------------------------
 
 @protocol MTLCommandEncoder<NSObject>

@@ -82,10 +82,13 @@ class StreamEvent {
       value = ++counter_;
       timing = timing_;
     }
-    backend_->encodeSignal(stream, handle_, value);
+    // The timing notification is registered before the signal is encoded,
+    // while the value cannot have been reached: Metal documents when a
+    // listener runs only for that case (METAL-SEMANTICS.md section 4).
     if (timing) {
       notifyCompletion(value, /*record_time=*/true);
     }
+    backend_->encodeSignal(stream, handle_, value);
     {
       MutexLock lock(mu_);
       if (value > recorded_) {
@@ -153,11 +156,13 @@ class StreamEvent {
         "Events were not created with argument 'enable_timing=True'");
     start.synchronize();
     synchronize();
-    const uint64_t t0 = start.completionTimeNs();
-    const uint64_t t1 = completionTimeNs();
+    constexpr auto kNotificationTimeout = std::chrono::seconds(10);
+    const uint64_t t0 = start.completionTimeNs(kNotificationTimeout);
+    const uint64_t t1 = completionTimeNs(kNotificationTimeout);
     TORCH_CHECK(
         t0 > 0 && t1 > 0,
-        "Both events must be recorded before calculating elapsed time.");
+        "Both events must be recorded before calculating elapsed time (or "
+        "Metal did not deliver an event's timing notification within 10 s).");
     TORCH_CHECK(
         t1 >= t0,
         "End event ",
@@ -183,14 +188,18 @@ class StreamEvent {
     return timing_;
   }
 
-  // Completion time of the last recorded value, 0 if not known yet.
-  uint64_t completionTimeNs() const MPS_EXCLUDES(mu_) {
+  // Completion time of the last recorded value, which synchronize() has
+  // seen reached; 0 if never recorded. The timing notification runs on the
+  // listener's queue after the value is reached, so it may still be on its
+  // way: this waits for it, for at most `timeout`.
+  uint64_t completionTimeNs(std::chrono::nanoseconds timeout) const
+      MPS_EXCLUDES(mu_) {
     uint64_t value = 0;
     {
       MutexLock lock(mu_);
       value = recorded_;
     }
-    return completion()->timeOf(value);
+    return value == 0 ? 0 : completion()->waitForTimeOf(value, timeout);
   }
 
   const Handle& handle() const {
@@ -236,8 +245,13 @@ class StreamEvent {
       return cv_.waitFor(
           mu_, timeout, [&]() MPS_REQUIRES(mu_) { return reached_ >= value; });
     }
-    uint64_t timeOf(uint64_t value) const MPS_EXCLUDES(mu_) {
+    // The time recorded for `value`, 0 if none came within `timeout`.
+    uint64_t waitForTimeOf(uint64_t value, std::chrono::nanoseconds timeout)
+        MPS_EXCLUDES(mu_) {
       MutexLock lock(mu_);
+      cv_.waitFor(mu_, timeout, [&]() MPS_REQUIRES(mu_) {
+        return times_.count(value) != 0;
+      });
       auto it = times_.find(value);
       return it == times_.end() ? 0 : it->second;
     }

@@ -1,0 +1,72 @@
+#pragma once
+
+// What the glue tests share: a fixture that checks the hazard detector after
+// every test, and the few things an ATen op does with a stream, done the way
+// OperationUtils does them (dispatch_sync onto the stream's queue, the
+// compute encoder of the stream, getMTLBufferStorage's dependency hook).
+
+#include <ATen/mps/MPSStream.h>
+#include <c10/core/Allocator.h>
+
+#include "SimMetalRuntime.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace glue {
+
+// Note [glue test fixture]
+// Every test ends with all streams synchronized and the simulated GPU idle,
+// and then requires that the hazard detector saw no race: no buffer accessed
+// by two queues at once with a write, and no buffer handed out (checked by
+// allocated()) to a queue while another queue's work on it was in flight.
+class GlueTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+};
+
+// The buffer behind an MPS allocation.
+inline id<MTLBuffer> bufferOf(const c10::DataPtr& data) {
+  return (__bridge id<MTLBuffer>)data.get();
+}
+
+// An allocation from the MPS allocator for the calling thread's current
+// stream, checked by the hazard detector as it is handed out.
+c10::DataPtr allocated(size_t bytes);
+
+// The contents of `buffer` as int64 words. Read only after the work that
+// writes them completed.
+int64_t* words(id<MTLBuffer> buffer);
+
+// An op on the calling thread's current stream, in its own autorelease pool
+// as ops have: binds `buffers` in the stream's compute encoder and
+// dispatches one kernel whose body runs on the simulated GPU. kTracked
+// records each buffer as written, as getMTLBufferStorage does; kUntracked is
+// work the dependency tracker does not see (a user's own Metal code on the
+// stream's command buffer), which only events or synchronization order.
+enum class Tracking { kTracked, kUntracked };
+void encodeKernel(
+    const std::vector<id<MTLBuffer>>& buffers,
+    std::function<void()> body,
+    Tracking tracking = Tracking::kTracked);
+
+// Kernels: every word of `buffer` += 1; every word of `dst` = `src`'s.
+void encodeIncrement(id<MTLBuffer> buffer);
+void encodeCopy(id<MTLBuffer> src, id<MTLBuffer> dst);
+
+// Runs fn(0) .. fn(n - 1) on n threads at once and joins them.
+void onThreads(int n, const std::function<void(int)>& fn);
+
+// Polls `done` until it holds or `limit` passes; true if it held.
+bool eventually(
+    const std::function<bool()>& done,
+    std::chrono::milliseconds limit = std::chrono::seconds(20));
+
+} // namespace glue

@@ -1,0 +1,88 @@
+#include "GlueTest.h"
+
+#include <ATen/mps/MPSAllocatorInterface.h>
+#include <dispatch/dispatch.h>
+
+#include <cstring>
+
+namespace glue {
+
+void GlueTest::SetUp() {
+  sim::metal::device().hazards().clear();
+}
+
+void GlueTest::TearDown() {
+  at::mps::synchronizeAllMPSStreams();
+  sim::metal::device().waitIdle();
+  std::string reports;
+  for (const std::string& report : sim::metal::device().hazards().reports()) {
+    reports += "\n  " + report;
+  }
+  EXPECT_EQ(sim::metal::device().hazards().count(), 0u) << "hazards:" << reports;
+}
+
+c10::DataPtr allocated(size_t bytes) {
+  c10::DataPtr data = at::mps::getIMPSAllocator()->allocate(bytes);
+  id<MTLCommandQueue> queue = at::mps::getCurrentMPSStream()->commandQueue();
+  sim::metal::device().hazards().checkHandout(*sim::metal::bufferOf(bufferOf(data)), &sim::metal::queueOf(queue));
+  return data;
+}
+
+int64_t* words(id<MTLBuffer> buffer) {
+  return reinterpret_cast<int64_t*>(sim::metal::bufferOf(buffer)->contents());
+}
+
+void encodeKernel(const std::vector<id<MTLBuffer>>& buffers, std::function<void()> body, Tracking tracking) {
+  at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
+  @autoreleasepool {
+    dispatch_sync(stream->queue(), ^() {
+      id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();
+      for (id<MTLBuffer> buffer : buffers) {
+        if (tracking == Tracking::kTracked) {
+          at::mps::trackMPSBufferUseInPass((__bridge const void*)buffer);
+        }
+      }
+      sim::metal::dispatchKernel(encoder, buffers, body);
+    });
+  }
+}
+
+void encodeIncrement(id<MTLBuffer> buffer) {
+  sim::BufferPtr b = sim::metal::bufferOf(buffer);
+  encodeKernel({buffer}, [b] {
+    auto* w = reinterpret_cast<int64_t*>(b->contents());
+    for (size_t i = 0; i < b->bytes() / sizeof(int64_t); ++i) {
+      w[i] += 1;
+    }
+  });
+}
+
+void encodeCopy(id<MTLBuffer> src, id<MTLBuffer> dst) {
+  sim::BufferPtr s = sim::metal::bufferOf(src);
+  sim::BufferPtr d = sim::metal::bufferOf(dst);
+  encodeKernel({src, dst}, [s, d] { std::memmove(d->contents(), s->contents(), std::min(s->bytes(), d->bytes())); });
+}
+
+void onThreads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&fn, i] { fn(i); });
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+}
+
+bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+} // namespace glue

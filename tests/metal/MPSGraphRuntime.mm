@@ -1,0 +1,179 @@
+// Stand-in for MPSGraph execution: graphs cannot be compiled or run here, so
+// every graph is one kernel that reads the buffers of its feeds and writes
+// those of its results (copying the first feed's bytes into each result),
+// encoded in its own compute encoder pass as MPSGraph encodes. With
+// enableCommitAndContinue set, it then commits and continues the command
+// buffer, which MPSGraph may do for large graphs; here it always does, the
+// case the stream's command-buffer bookkeeping finds hardest.
+
+#include "SimMetalRuntime.h"
+#include "SimObjC.h"
+
+#include <MetalPerformanceShadersGraph/MetalPerformanceShadersGraph.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+using sim::objc::state;
+
+namespace {
+
+struct Stateless {};
+
+struct TensorState {
+  MPSShape* shape = nil;
+  MPSDataType data_type = MPSDataTypeInvalid;
+  ~TensorState() {
+    [shape release];
+  }
+};
+
+struct TensorDataState {
+  id<MTLBuffer> buffer = nil;
+  MPSShape* shape = nil;
+  MPSDataType data_type = MPSDataTypeInvalid;
+  ~TensorDataState() {
+    [buffer release];
+    [shape release];
+  }
+};
+
+struct CompilationDescriptorState {
+  MPSGraphOptimization level = MPSGraphOptimizationLevel1;
+};
+
+struct ExecutionDescriptorState {
+  bool commit_and_continue = false;
+  MPSGraphCompilationDescriptor* compilation = nil;
+  ~ExecutionDescriptorState() {
+    [compilation release];
+  }
+};
+
+std::vector<sim::BufferPtr> buffersOf(MPSGraphTensorDataDictionary* dictionary) {
+  std::vector<sim::BufferPtr> buffers;
+  for (MPSGraphTensorData* data in [dictionary allValues]) {
+    buffers.push_back(sim::metal::bufferOf(state<TensorDataState>(data).buffer));
+  }
+  return buffers;
+}
+
+} // namespace
+
+@implementation MPSGraphObject
+@end
+
+@implementation MPSGraphTensor
+SIM_OBJC_STATE(TensorState)
+SIM_OBJC_RETAIN_COUNT(TensorState)
+- (id)copyWithZone:(NSZone*)zone {
+  return [self retain];
+}
+- (MPSShape*)shape {
+  return state<TensorState>(self).shape;
+}
+- (MPSDataType)dataType {
+  return state<TensorState>(self).data_type;
+}
+@end
+
+@implementation MPSGraphTensorData
+SIM_OBJC_STATE(TensorDataState)
+SIM_OBJC_RETAIN_COUNT(TensorDataState)
+- (instancetype)initWithMTLBuffer:(id<MTLBuffer>)buffer shape:(MPSShape*)shape dataType:(MPSDataType)dataType {
+  auto& s = state<TensorDataState>(self);
+  s.buffer = [buffer retain];
+  s.shape = [shape copy];
+  s.data_type = dataType;
+  return self;
+}
+- (MPSShape*)shape {
+  return state<TensorDataState>(self).shape;
+}
+- (MPSDataType)dataType {
+  return state<TensorDataState>(self).data_type;
+}
+@end
+
+@implementation MPSGraphCompilationDescriptor
+SIM_OBJC_STATE(CompilationDescriptorState)
+SIM_OBJC_RETAIN_COUNT(CompilationDescriptorState)
+- (id)copyWithZone:(NSZone*)zone {
+  MPSGraphCompilationDescriptor* copy = [[MPSGraphCompilationDescriptor allocWithZone:zone] init];
+  state<CompilationDescriptorState>(copy) = state<CompilationDescriptorState>(self);
+  return copy;
+}
+- (MPSGraphOptimization)optimizationLevel {
+  return state<CompilationDescriptorState>(self).level;
+}
+- (void)setOptimizationLevel:(MPSGraphOptimization)level {
+  state<CompilationDescriptorState>(self).level = level;
+}
+@end
+
+// MPSStream.mm declares enableCommitAndContinue in a class extension.
+@interface MPSGraphExecutionDescriptor ()
+@property(readwrite, atomic) BOOL enableCommitAndContinue;
+@end
+
+@implementation MPSGraphExecutionDescriptor
+SIM_OBJC_STATE(ExecutionDescriptorState)
+SIM_OBJC_RETAIN_COUNT(ExecutionDescriptorState)
+- (BOOL)enableCommitAndContinue {
+  return state<ExecutionDescriptorState>(self).commit_and_continue;
+}
+- (void)setEnableCommitAndContinue:(BOOL)enable {
+  state<ExecutionDescriptorState>(self).commit_and_continue = enable;
+}
+- (MPSGraphCompilationDescriptor*)compilationDescriptor {
+  return state<ExecutionDescriptorState>(self).compilation;
+}
+- (void)setCompilationDescriptor:(MPSGraphCompilationDescriptor*)descriptor {
+  auto& s = state<ExecutionDescriptorState>(self);
+  MPSGraphCompilationDescriptor* copy = [descriptor copy];
+  [s.compilation release];
+  s.compilation = copy;
+}
+@end
+
+@implementation MPSGraph
+SIM_OBJC_STATE(Stateless)
+SIM_OBJC_RETAIN_COUNT(Stateless)
+- (MPSGraphTensor*)placeholderWithShape:(MPSShape*)shape dataType:(MPSDataType)dataType name:(NSString*)name {
+  MPSGraphTensor* tensor = [MPSGraphTensor alloc];
+  state<TensorState>(tensor).shape = [shape copy];
+  state<TensorState>(tensor).data_type = dataType;
+  return [tensor autorelease];
+}
+- (void)encodeToCommandBuffer:(MPSCommandBuffer*)commandBuffer
+                        feeds:(MPSGraphTensorDataDictionary*)feeds
+             targetOperations:(NSArray<MPSGraphOperation*>*)targetOperations
+            resultsDictionary:(MPSGraphTensorDataDictionary*)resultsDictionary
+          executionDescriptor:(MPSGraphExecutionDescriptor*)executionDescriptor {
+  const std::vector<sim::BufferPtr> inputs = buffersOf(feeds);
+  const std::vector<sim::BufferPtr> outputs = buffersOf(resultsDictionary);
+  sim::Kernel kernel;
+  for (const auto& b : inputs) {
+    kernel.uses.emplace_back(b, sim::Access::kRead);
+  }
+  for (const auto& b : outputs) {
+    kernel.uses.emplace_back(b, sim::Access::kWrite);
+  }
+  kernel.body = [inputs, outputs] {
+    if (inputs.empty()) {
+      return;
+    }
+    for (const auto& out : outputs) {
+      std::memmove(out->contents(), inputs[0]->contents(), std::min(out->bytes(), inputs[0]->bytes()));
+    }
+  };
+  sim::CommandBufferPtr buffer = sim::metal::commandBufferOf(commandBuffer);
+  sim::EncoderPtr encoder = buffer->computeEncoder();
+  encoder->dispatch(std::move(kernel));
+  encoder->endEncoding();
+  if (executionDescriptor.enableCommitAndContinue) {
+    [commandBuffer commitAndContinue];
+  }
+}
+@end

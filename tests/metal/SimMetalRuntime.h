@@ -1,0 +1,54 @@
+#pragma once
+
+// The simulated Metal, MetalPerformanceShaders and MetalPerformanceShadersGraph
+// frameworks on Linux: Objective-C classes with the names and protocols of
+// the SDK stand-ins (tests/compile/sdk), each a thin face on the C++
+// simulator (tests/sim/SimMetal.h). Same queues, latencies, in-flight cap,
+// completion thread, shared events, faults and hazard detector: a command
+// queue is a sim::Queue, an MPSCommandBuffer a sim::CommandBuffer, an
+// encoder pass a sim::ComputeEncoder pass, an MTLBuffer a sim::Buffer (its
+// retainCount counts the command buffers still holding it, as Metal's
+// retained references do), an MTLSharedEvent a sim::SharedEvent.
+//
+// This header is what the tests see of it: the configuration, the simulator
+// behind the Objective-C objects, and the kernels that ops would encode.
+
+#include "SimMetal.h"
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#ifdef __OBJC__
+#include <Metal/Metal.h>
+#endif
+
+namespace sim::metal {
+
+struct RuntimeConfig {
+  Config gpu;
+  // MTLDevice.recommendedMaxWorkingSetSize
+  uint64_t working_set_bytes = uint64_t{8} << 30;
+  // newHeapWithDescriptor: returns nil once the heaps would exceed this.
+  uint64_t memory_bytes = uint64_t{16} << 30;
+};
+
+// Must run before the first MTLCreateSystemDefaultDevice(); the device lives
+// for the rest of the process.
+void configure(const RuntimeConfig& config);
+Device& device();
+
+#ifdef __OBJC__
+BufferPtr bufferOf(id<MTLBuffer> buffer);
+Queue& queueOf(id<MTLCommandQueue> queue);
+CommandBufferPtr commandBufferOf(id<MTLCommandBuffer> commandBuffer);
+
+// What an op's setBuffer:offset:atIndex: calls and one dispatch do: `body`
+// runs on the simulated GPU, and every bound buffer counts as written.
+void dispatchKernel(
+    id<MTLComputeCommandEncoder> encoder,
+    const std::vector<id<MTLBuffer>>& buffers,
+    std::function<void()> body);
+#endif
+
+} // namespace sim::metal
