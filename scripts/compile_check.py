@@ -18,6 +18,7 @@ import argparse
 import collections
 import concurrent.futures
 import contextlib
+import hashlib
 import importlib.util
 import io
 import json
