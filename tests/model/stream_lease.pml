@@ -52,8 +52,11 @@
  * an entry the scope did not push. -DUNDO_ACROSS_GUARD lets them: such a
  * pop empties the stack inside the scope, the release inside it goes
  * through, and the scope's destructor then leases (leaseInRestore), e.g.
- * lease a; set_stream(b); { guard(a); release(); } -> the restore to b
- * runs currentIndex() on an unbound thread. -DCHECK_REFUSALS asserts that
+ * { guard(own); set_stream(own); release(); } (the set_stream pops the
+ * guard's entry), or set_stream(b); { guard(own); release(); } (the guard
+ * pops the set_stream's): the restore runs currentIndex() on an unbound
+ * thread, which throws or blocks in a destructor when the pool is
+ * exhausted. -DCHECK_REFUSALS asserts that
  * a release at top level (no scope open) on the thread's own lease is not
  * refused (spuriousRefusal); it is, after set_stream() to the current
  * stream, or set_stream() inside a scope: both push entries nothing pops.
@@ -150,9 +153,10 @@
  *                     through), previous = (current < 0 && released >= 0) ?
  *                     released : currentIndex(), and an exchange to
  *                     `released` by a thread without a lease unbinds it;
- *                     it leaves a thread unbound by a scope's constructor
- *                     onto its released slot (guardMissesTarget), or bound
- *                     to a slot it gave back
+ *                     so set_stream() or a scope's constructor onto the
+ *                     slot just released leaves the thread unbound instead
+ *                     of on its target (guardMissesTarget): use, release,
+ *                     set_stream(that slot)
  */
 
 #ifndef NS
@@ -238,9 +242,15 @@ bool spuriousRefusal;
 /* the TLS cache never disagrees with the binding it caches */
 #define CACHE_OK(t) (cache[t] < 0 || cache[t] == cur[t])
 /* with no displacement open a lease holder's current stream is its lease;
-   with one open the thread is bound */
+   with one open the thread is bound (not under the old rule, whose
+   release inside a scope on the own lease left it unbound on purpose) */
+#ifdef OLD_RELEASED_RULE
+#define BOUND_OK(t) true
+#else
+#define BOUND_OK(t) (!DISPLACED(t) || cur[t] >= 0)
+#endif
 #define BIND_OK(t) ((leased[t] < 0 || DISPLACED(t) || cur[t] == leased[t]) \
-                    && (!DISPLACED(t) || cur[t] >= 0))
+                    && BOUND_OK(t))
 /* with no displacement open a thread is bound only to its lease, to the
    slot kShare handed it, or to the default stream */
 #define FOREIGN_OK(t) (DISPLACED(t) || cur[t] <= 0 || cur[t] == leased[t] || \
@@ -475,7 +485,7 @@ inline restore_previous(out) {
    The old rule kept no stack (here it is ghost state): if (b.leased < 0 &&
    index == b.released) { b.released = -1; b.current = -1;
    tls_slot_cache = {0, -1}; } else { b.current = index; ... } */
-inline exchange_set(index, previous) {
+inline exchange_set(index, previous, restore) {
   if
   :: POPS(index) -> dn--; disp[dn] = 0
   :: else ->
@@ -491,15 +501,17 @@ inline exchange_set(index, previous) {
 #else
   cur[me] = index; cache[me] = index;
 #endif
-  /* the exchange's caller works on index from here */
-  guardMissesTarget = (cur[me] != index);
+  /* the caller (set_stream, a scope's constructor) works on index from
+     here; a restore is judged by the invariants instead (the old rule
+     unbinds there on purpose) */
+  guardMissesTarget = (!restore && cur[me] != index);
   assert(!guardMissesTarget)
 }
 
 /* a guard's destructor: exchangeCurrentIndex(previous_), one step (it
    touches only this thread's binding and cache) */
 #define DTOR \
-  restore_previous(idx); exchange_set(prev, idx); idx = 0; prev = 0
+  restore_previous(idx); exchange_set(prev, idx, true); idx = 0; prev = 0
 
 /* StreamSlotPool::returnSlot(s), after the caller took s from its binding
    and ran release_hook_(s) -> onLeaseReleased:
@@ -567,7 +579,7 @@ inline after_index(kind, out) {
      /* set_stream(target): exchangeCurrentIndex(target), or CurrentStreamGuard
         g(pool, target): previous_ = exchangeCurrentIndex(target) */
      if :: kind == K_SET -> CHOOSE(tgt, ANY_OK) :: else -> CHOOSE(tgt, GUARD_OK) fi;
-     exchange_set(tgt, out); tgt = 0;
+     exchange_set(tgt, out, false); tgt = 0;
      if
      :: kind == K_GUARD -> skip /* out is previous_ */
      :: kind == K_INNER -> out = 0; inner--
