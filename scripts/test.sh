@@ -84,12 +84,15 @@ clang-format --dry-run -Werror $cxx_files; record "clang-format" $?
 new_files=$(git ls-files fork-overlay | grep -v '\.diff$')
 ! grep -l "Copyright" $new_files; record "no copyright claims in added files" $?
 
-# Model check (SPIN) of the cross-stream dependency protocol.
-log=$(mktemp)
-tests/model/run_stream_dependencies.sh 2>&1 | tee "$log"
-st=${PIPESTATUS[0]}
-record "model stream_dependencies" "$st" \
-  "$(grep -c ": 0 errors" "$log")" "$(grep -c "FAILED" "$log")"
+# Model checks (SPIN): the cross-stream dependency protocol and the
+# stream-slot leases.
+for model in stream_dependencies stream_lease; do
+  log=$(mktemp)
+  "tests/model/run_$model.sh" 2>&1 | tee "$log"
+  st=${PIPESTATUS[0]}
+  record "model $model" "$st" \
+    "$(grep -c ": 0 errors" "$log")" "$(grep -c "FAILED" "$log")"
+done
 
 # Differential compile check of the Objective-C++ half against v2.9.1's
 # headers (reports/compile-check.md).
