@@ -5,9 +5,11 @@
 #include "SimMetalRuntime.h"
 
 #import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <thread>
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
@@ -52,14 +54,33 @@ int main(int argc, char** argv) {
   config.gpu.reorder_completions = 0.25;
   config.gpu.widen_encode_windows = true;
   sim::metal::configure(config);
+  // Note [Foundation set-up before the test threads]
+  // GNUstep creates some shared objects on first use: the Metal device's
+  // class set-up, the locks GSCurrentThread() needs for the first thread
+  // that NSThread did not start, the notification center that thread's exit
+  // posts to, and NSError's tables (a failed command buffer's error). They
+  // are published to other threads through GCC's libobjc, which is not
+  // instrumented, so when a test thread creates one and another thread then
+  // locks it, ThreadSanitizer reports a race inside GNUstep that no test
+  // code has. Creating them here, before any test thread exists
+  // (pthread_create and join order them for TSan), takes that first use out
+  // of the tests in every variant. The first NSDictionary also keeps a
+  // 24-byte object that LeakSanitizer cannot reach; made here with leak
+  // checking off, it is not reported.
 #ifdef GLUE_LSAN
-  // GNUstep's first NSDictionary keeps a 24-byte object that LeakSanitizer
-  // cannot reach; made here, with leak checking off, it is not reported
-  // from whichever thread first builds a dictionary (an NSError's userInfo).
   __lsan_disable();
+#endif
   @autoreleasepool {
-    [NSDictionary dictionaryWithObject:@"" forKey:@""];
+    [MTLCreateSystemDefaultDevice() release];
+    [NSNotificationCenter defaultCenter];
+    [NSError errorWithDomain:@"" code:0 userInfo:[NSDictionary dictionaryWithObject:@"" forKey:@""]];
   }
+  std::thread([] {
+    @autoreleasepool {
+      [NSThread currentThread];
+    }
+  }).join();
+#ifdef GLUE_LSAN
   __lsan_enable();
 #endif
   ::testing::InitGoogleTest(&argc, argv);
