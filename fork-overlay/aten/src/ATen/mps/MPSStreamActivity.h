@@ -34,10 +34,7 @@ class TORCH_API StreamActivity {
       : window_ms_(window.count()) {}
 
   void noteEncoding(StreamIndex index, Clock::time_point now = Clock::now()) {
-    TORCH_CHECK(
-        index >= 0 && index < kStreamsPerPool,
-        "MPS stream activity: stream index out of range: ",
-        index);
+    checkStreamIndex(index);
     const int64_t stamp = stampOf(now);
     std::atomic<int64_t>& last = slots_[index].last;
     if (last.load(std::memory_order_relaxed) != stamp) {

@@ -17,12 +17,7 @@
 namespace at::mps {
 
 int64_t streamIdFromIndex(StreamIndex index) {
-  TORCH_CHECK(
-      index >= 0 && index < kStreamsPerPool,
-      "MPS stream index out of range: index=",
-      index,
-      ", expected 0 <= index < ",
-      kStreamsPerPool);
+  checkStreamIndex(index);
   return static_cast<int64_t>(index);
 }
 
@@ -210,19 +205,6 @@ void StreamSlotPool::failForked() {
       "'forkserver' multiprocessing start method.");
 }
 
-void StreamSlotPool::validateIndex(StreamIndex index, const char* arg) const {
-  TORCH_CHECK(
-      index >= 0 && index < kStreamsPerPool,
-      "MPS stream index out of range: ",
-      arg,
-      "=",
-      index,
-      ", expected 0 <= ",
-      arg,
-      " < ",
-      kStreamsPerPool);
-}
-
 StreamIndex StreamSlotPool::currentIndexSlow() {
   checkNotForked();
   ThreadBindings::Binding& b = tls_bindings.find(*this);
@@ -296,7 +278,7 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
   slot_freed_.notifyOne();
 }
 
-// Stream guards (CurrentStreamGuard, c10's StreamGuard, torch.mps.stream)
+// Stream guards (c10::StreamGuard, torch.mps.stream)
 // exchange a slot in and later exchange the previous one back, through the
 // same call as set_stream(). An exchange back to the slot the last unmatched
 // exchange replaced undoes it; any other exchange is a new displacement.
@@ -305,7 +287,7 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
 // destructor (where an exhausted pool could only terminate).
 StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   checkNotForked();
-  validateIndex(index, "index");
+  checkStreamIndex(index);
   const StreamIndex previous = currentIndex(); // a first use leases
   ThreadBindings::Binding& b = tls_bindings.find(*this);
   if (!b.displaced.empty() && b.displaced.back() == index) {
