@@ -21,24 +21,12 @@ import tempfile
 import threading
 import time
 import traceback
-import unittest
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-try:
-    from torch.testing._internal.common_utils import run_tests, TestCase
-except ImportError:  # torch's test internals are absent (e.g. no expecttest): plain unittest
-
-    class TestCase(unittest.TestCase):
-        def assertEqual(self, actual, expected, msg=None, *, atol=None, rtol=None):
-            if atol is not None or isinstance(actual, (torch.Tensor, list, tuple)):
-                torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, check_device=False, msg=msg)
-            else:
-                super().assertEqual(actual, expected, msg)
-
-    run_tests = unittest.main
+from torch.testing._internal.common_utils import run_tests, TestCase
 
 
 TEST_MPS = torch.backends.mps.is_available()
