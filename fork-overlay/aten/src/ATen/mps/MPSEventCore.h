@@ -109,11 +109,7 @@ class StreamEvent {
   // True once the recorded work has completed; false if never recorded
   // (as v2.9.1's torch.mps.Event.query()).
   bool query() const MPS_EXCLUDES(mu_) {
-    uint64_t value = 0;
-    {
-      MutexLock lock(mu_);
-      value = recorded_;
-    }
+    const uint64_t value = recorded();
     return value != 0 && backend_->signaledValue(handle_) >= value;
   }
 
@@ -173,12 +169,7 @@ class StreamEvent {
 
   // Completion time of the last recorded value, 0 if not known yet.
   uint64_t completionTimeNs() const MPS_EXCLUDES(mu_) {
-    uint64_t value = 0;
-    {
-      MutexLock lock(mu_);
-      value = recorded_;
-    }
-    return completion()->timeOf(value);
+    return completion()->timeOf(recorded());
   }
 
   const Handle& handle() const {
@@ -186,6 +177,11 @@ class StreamEvent {
   }
 
  private:
+  uint64_t recorded() const MPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return recorded_;
+  }
+
   // The recorded value still to be reached and its stream; producer is null
   // when there is nothing to wait for.
   struct Pending {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <unordered_map>
@@ -35,20 +34,16 @@ StreamIndex streamIndexFromId(int64_t stream_id) {
 
 ExhaustionConfig parseExhaustionConfig(const char* value) {
   if (value == nullptr || *value == '\0') {
-    return {ExhaustionPolicy::kShare, std::chrono::milliseconds(0)};
+    return {};
   }
-  const char* p = value;
-  if (*p == '-') {
-    ++p;
-  }
-  const bool digits_only = *p != '\0' &&
-      std::all_of(
-          p, p + std::strlen(p), [](char c) { return c >= '0' && c <= '9'; });
-  errno = 0;
+  // strtoll alone would also take leading spaces and '+'.
+  const char first = value[*value == '-' ? 1 : 0];
   char* end = nullptr;
-  const long long parsed = digits_only ? std::strtoll(value, &end, 10) : 0;
+  errno = 0;
+  const long long parsed =
+      first >= '0' && first <= '9' ? std::strtoll(value, &end, 10) : 0;
   TORCH_CHECK(
-      digits_only && errno == 0 && parsed >= -1 &&
+      end != nullptr && *end == '\0' && errno == 0 && parsed >= -1 &&
           parsed <= std::numeric_limits<int32_t>::max(),
       kWaitTimeoutEnvVar,
       "='",
@@ -59,11 +54,8 @@ ExhaustionConfig parseExhaustionConfig(const char* value) {
       "milliseconds to wait before raising an error (at most ",
       std::numeric_limits<int32_t>::max(),
       ").");
-  if (parsed == 0) {
-    return {ExhaustionPolicy::kThrow, std::chrono::milliseconds(0)};
-  }
-  if (parsed == -1) {
-    return {ExhaustionPolicy::kWait, std::chrono::milliseconds(0)};
+  if (parsed <= 0) {
+    return {parsed == 0 ? ExhaustionPolicy::kThrow : ExhaustionPolicy::kWait};
   }
   return {ExhaustionPolicy::kWaitTimeout, std::chrono::milliseconds(parsed)};
 }
