@@ -7,7 +7,9 @@ pkgs=(cmake make g++ clang libclang-rt-14-dev clang-format git
       # scripts/compile_check.sh: Foundation from GNUstep, GCC's Objective-C
       # runtime headers, blocks, libc++ (as Apple's toolchain), Python.h, pip.
       libgnustep-base-dev gnustep-make libobjc-12-dev libblocksruntime-dev
-      libc++-14-dev libc++abi-14-dev python3-dev python3-pip)
+      libc++-14-dev libc++abi-14-dev python3-dev python3-pip
+      # tests/model: the SPIN model checker.
+      spin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \

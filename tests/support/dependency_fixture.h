@@ -9,7 +9,9 @@
 
 #include <ATen/mps/MPSStreamDependencies.h>
 
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,6 +21,9 @@ struct Tensor {
   sim::BufferPtr buf;
   at::mps::BufferUses uses;
 };
+
+// Bounds every wait of a dependency test; it fires only on a hang.
+constexpr auto kDeadline = std::chrono::seconds(60);
 
 class DependencyTest : public SimTest {
  protected:
@@ -38,6 +43,17 @@ class DependencyTest : public SimTest {
   void SetUp() override {
     SimTest::SetUp();
     tracker_ = std::make_unique<at::mps::DependencyTracker>();
+  }
+  // Waits until stream `s` was asked to commit: the asking stream has
+  // recorded its op by then. Tests wait for the request itself, never for a
+  // fixed time, so that a loaded machine cannot make them fail.
+  static void waitForFlushRequest(sim::SimStream& s) {
+    const auto end = std::chrono::steady_clock::now() + kDeadline;
+    while (s.flushRequests() == 0) {
+      ASSERT_LT(std::chrono::steady_clock::now(), end)
+          << "no stream asked stream " << s.index() << " to commit";
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
   void makeStreams(int n) {
     for (int i = 0; i < n; ++i) {

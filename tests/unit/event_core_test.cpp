@@ -142,6 +142,9 @@ TEST_F(EventCoreTest, ElapsedTimeCoversTheWorkBetweenRecords) {
   auto untimed = events_->get(events_->acquire(false));
   untimed->record(stream(0), true);
   EXPECT_TORCH_ERROR(untimed->elapsedMsSince(*start), "enable_timing=True");
+  auto never = events_->get(events_->acquire(true));
+  EXPECT_TORCH_ERROR(
+      never->elapsedMsSince(*start), "Both events must be recorded");
 }
 
 TEST_F(EventCoreTest, NotificationAfterReleaseTouchesNoReleasedEvent) {

@@ -34,9 +34,8 @@ namespace {
 using at::mps::Access;
 using at::mps::SyncType;
 using at::mps::UseSite;
+using harness::kDeadline;
 using ::testing::HasSubstr;
-
-constexpr auto kDeadline = std::chrono::seconds(60);
 
 class DependencyRaceTest : public DependencyTest {
  protected:
@@ -57,16 +56,6 @@ class DependencyRaceTest : public DependencyTest {
   void TearDown() override {
     resume_.countDown(); // never leave a stopped thread behind
     DependencyTest::TearDown();
-  }
-  // Waits until stream `s` was asked to commit: the asking stream has
-  // recorded its op by then.
-  static void waitForFlushRequest(sim::SimStream& s) {
-    const auto end = std::chrono::steady_clock::now() + kDeadline;
-    while (s.flushRequests() == 0) {
-      ASSERT_LT(std::chrono::steady_clock::now(), end)
-          << "no stream asked stream " << s.index() << " to commit";
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
   }
   static int64_t apply(std::initializer_list<int64_t> ins, int64_t salt) {
     uint64_t v = static_cast<uint64_t>(salt);

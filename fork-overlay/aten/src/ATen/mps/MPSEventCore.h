@@ -74,10 +74,13 @@ class StreamEvent {
       value = ++counter_;
       timing = timing_;
     }
-    backend_->encodeSignal(stream, handle_, value);
+    // The timing notification is registered before the signal is encoded,
+    // while the value cannot have been reached: Metal documents when a
+    // listener runs only for that case (METAL-SEMANTICS.md section 4).
     if (timing) {
       notifyCompletion(value, /*record_time=*/true);
     }
+    backend_->encodeSignal(stream, handle_, value);
     {
       MutexLock lock(mu_);
       if (value > recorded_) {
@@ -138,11 +141,13 @@ class StreamEvent {
         "Events were not created with argument 'enable_timing=True'");
     start.synchronize();
     synchronize();
-    const uint64_t t0 = start.completionTimeNs();
-    const uint64_t t1 = completionTimeNs();
+    constexpr auto kNotificationTimeout = std::chrono::seconds(10);
+    const uint64_t t0 = start.completionTimeNs(kNotificationTimeout);
+    const uint64_t t1 = completionTimeNs(kNotificationTimeout);
     TORCH_CHECK(
         t0 > 0 && t1 > 0,
-        "Both events must be recorded before calculating elapsed time.");
+        "Both events must be recorded before calculating elapsed time (or "
+        "Metal did not deliver an event's timing notification within 10 s).");
     TORCH_CHECK(
         t1 >= t0,
         "End event ",
@@ -167,9 +172,13 @@ class StreamEvent {
     return timing_;
   }
 
-  // Completion time of the last recorded value, 0 if not known yet.
-  uint64_t completionTimeNs() const MPS_EXCLUDES(mu_) {
-    return completion()->timeOf(recorded());
+  // Completion time of the last recorded value (0 if never recorded), which
+  // synchronize() has seen reached. Its notification may still be on the
+  // listener's queue, so this waits for it up to `timeout`.
+  uint64_t completionTimeNs(std::chrono::nanoseconds timeout) const
+      MPS_EXCLUDES(mu_) {
+    const uint64_t value = recorded();
+    return value == 0 ? 0 : completion()->waitForTimeOf(value, timeout);
   }
 
   const Handle& handle() const {
@@ -220,8 +229,13 @@ class StreamEvent {
       return cv_.waitFor(
           mu_, timeout, [&]() MPS_REQUIRES(mu_) { return reached_ >= value; });
     }
-    uint64_t timeOf(uint64_t value) const MPS_EXCLUDES(mu_) {
+    // The time recorded for `value`, 0 if none came within `timeout`.
+    uint64_t waitForTimeOf(uint64_t value, std::chrono::nanoseconds timeout)
+        MPS_EXCLUDES(mu_) {
       MutexLock lock(mu_);
+      cv_.waitFor(mu_, timeout, [&]() MPS_REQUIRES(mu_) {
+        return times_.count(value) != 0;
+      });
       auto it = times_.find(value);
       return it == times_.end() ? 0 : it->second;
     }
