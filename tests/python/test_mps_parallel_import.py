@@ -29,6 +29,10 @@ SUITE = os.path.join(ROOT, "fork-overlay", "test", "test_mps_parallel.py")
 INIT_DIFF = os.path.join(ROOT, "fork-overlay", "torch", "mps", "__init__.py.diff")
 MODULE_DIFF = os.path.join(ROOT, "fork-overlay", "torch", "csrc", "mps", "Module.cpp.diff")
 BENCH = os.path.join(ROOT, "scripts", "macos", "bench_mps_parallel.py")
+# Debian has no expecttest, which torch's common_utils (the suite's TestCase) imports.
+STUBS = os.path.join(ROOT, "tests", "python", "stubs")
+if importlib.util.find_spec("expecttest") is None:
+    sys.path.append(STUBS)
 BASELINE = os.path.join(os.path.expanduser("~"), ".cache", "pytorch-v2.9.1-mps-baseline")
 NEW_FUNCTIONS = {"current_stream", "set_stream", "stream", "release_current_thread_slot"}
 NEW_NAMES = NEW_FUNCTIONS | {"BatchQueue", "batch_inference"}
@@ -93,7 +97,8 @@ def test_child_scenarios_run_on_cpu(suite, tmp_path):
 
 
 def test_child_command_line_runs_the_fork_scenario(suite):
-    proc = subprocess.run([sys.executable, SUITE, suite.CHILD_FLAG, "fork", "--device", "cpu"],
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), STUBS) if p))
+    proc = subprocess.run([sys.executable, SUITE, suite.CHILD_FLAG, "fork", "--device", "cpu"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"message": "ok", "exitcode": 0}

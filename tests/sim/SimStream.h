@@ -245,4 +245,27 @@ class SimStreamBackend : public at::mps::StreamBackend<SimStream> {
 
 using SimStreamPool = at::mps::StreamPool<SimStream>;
 
+// RAII: makes a slot current for the calling thread and restores the
+// previous one on scope exit, like c10::cuda::CUDAStreamGuard
+// (PyTorch goes through c10::StreamGuard and MPSGuardImpl instead).
+template <typename Pool>
+class CurrentStreamGuard {
+ public:
+  CurrentStreamGuard(Pool& pool, at::mps::StreamIndex index)
+      : pool_(pool), previous_(pool.exchangeCurrentIndex(index)) {}
+  ~CurrentStreamGuard() {
+    pool_.exchangeCurrentIndex(previous_);
+  }
+  CurrentStreamGuard(const CurrentStreamGuard&) = delete;
+  CurrentStreamGuard& operator=(const CurrentStreamGuard&) = delete;
+
+  at::mps::StreamIndex previous() const {
+    return previous_;
+  }
+
+ private:
+  Pool& pool_;
+  const at::mps::StreamIndex previous_;
+};
+
 } // namespace sim

@@ -82,7 +82,7 @@ TEST_F(PoolStressTest, SixtyFourThreadsMixingEveryOperation) {
         } else if (op < 12) {
           pool_->currentStream().encodeKernel(
               std::move(kernel), SyncType::COMMIT_AND_WAIT);
-          at::mps::CurrentStreamGuard<sim::SimStreamPool> g(
+          sim::CurrentStreamGuard<sim::SimStreamPool> g(
               *pool_, static_cast<StreamIndex>(rng() % 32));
           pool_->currentStream().encodeKernel(
               {{}, [&kernels] { kernels++; }}, SyncType::COMMIT);

@@ -397,11 +397,11 @@ TEST(StreamPoolTest, GetStreamFromPoolIsRoundRobinOverWorkers) {
 TEST(StreamPoolTest, GuardSetsAndRestoresTheCurrentStream) {
   PoolUnderTest t(options({}, /*main_thread=*/true));
   {
-    at::mps::CurrentStreamGuard<Pool> g1(*t.pool, 5);
+    sim::CurrentStreamGuard<Pool> g1(*t.pool, 5);
     EXPECT_EQ(g1.previous(), 0);
     EXPECT_EQ(t.pool->currentStream().index, 5);
     {
-      at::mps::CurrentStreamGuard<Pool> g2(*t.pool, 9);
+      sim::CurrentStreamGuard<Pool> g2(*t.pool, 9);
       EXPECT_EQ(t.pool->currentIndex(), 9);
       // Another thread's current stream is not affected.
       EXPECT_NE(onThread([&] { return t.pool->currentIndex(); }), 9);
@@ -418,7 +418,7 @@ TEST(StreamPoolTest, ReleasingTheLeaseInsideAStreamGuardIsRefused) {
   onThread([&] {
     const StreamIndex mine = t.pool->currentIndex();
     {
-      at::mps::CurrentStreamGuard<Pool> g(*t.pool, mine == 7 ? 8 : 7);
+      sim::CurrentStreamGuard<Pool> g(*t.pool, mine == 7 ? 8 : 7);
       EXPECT_TORCH_ERROR(
           t.pool->releaseCurrentThreadSlot(),
           "release_current_thread_slot(): the calling thread is inside "
@@ -441,7 +441,7 @@ TEST(StreamPoolTest, ReleaseInsideAGuardOnTheOwnStreamIsRefused) {
   onThread([&] {
     const StreamIndex mine = t.pool->currentIndex();
     {
-      at::mps::CurrentStreamGuard<Pool> g(*t.pool, mine);
+      sim::CurrentStreamGuard<Pool> g(*t.pool, mine);
       EXPECT_TORCH_ERROR(
           t.pool->releaseCurrentThreadSlot(), "inside a stream context");
     }
@@ -477,7 +477,7 @@ TEST(StreamPoolTest, GuardAfterAReleaseLeasesOnEntryNotOnExit) {
     t.pool->releaseCurrentThreadSlot();
     StreamIndex leased = -1;
     {
-      at::mps::CurrentStreamGuard<Pool> g(*t.pool, first == 7 ? 8 : 7);
+      sim::CurrentStreamGuard<Pool> g(*t.pool, first == 7 ? 8 : 7);
       leased = g.previous();
       EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
     }

@@ -1,19 +1,10 @@
 r"""Dynamic batching for inference requests issued from many threads.
 
-On Apple Silicon every MPS operator launch is encoded into a Metal command
-buffer, and each thread that runs a model on its own pays the encoding,
-commit and synchronization cost for a tiny amount of arithmetic. Many threads
-doing this at once also contend for the same command queue, so throughput stays
-flat or even drops as threads are added. Gathering the requests of all threads
-into one stacked tensor lets a single thread run the model once: the GPU then
-receives one large command buffer per batch instead of many small ones, the
-per-launch overhead is amortized over the whole batch, and the kernels are big
-enough to occupy the GPU.
-
-:class:`BatchQueue` implements this pattern for any device: callers ``submit``
-single samples and get a :class:`concurrent.futures.Future`; one worker thread
-collects up to ``max_batch`` samples (waiting at most ``max_wait_ms`` after the
-first one arrived), runs the model once and hands each caller its own slice.
+A thread that runs a model on its own pays the per-launch encoding, commit and
+synchronization cost for little arithmetic, and many such threads contend for
+the GPU. :class:`BatchQueue` gathers the single samples that threads submit
+and runs them through the model as one batch on a worker thread, so the GPU
+gets one large command buffer per batch instead of many small ones.
 """
 
 import collections
@@ -29,36 +20,30 @@ __all__ = ["BatchQueue", "batch_inference"]
 
 
 class BatchQueueFull(queue.Full, TimeoutError):
-    r"""Raised by :meth:`BatchQueue.submit` when no queue slot frees up in time.
-
-    It is both a :class:`queue.Full` and a :class:`TimeoutError`.
-    """
+    r"""Raised by :meth:`BatchQueue.submit` when no queue slot frees up in time."""
 
 
 _Item = collections.namedtuple("_Item", ["value", "future", "arrival"])
 
 
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"BatchQueue: {name} must be {kind}, got {value!r}")
+def _check_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"BatchQueue: {name} must be a positive int, got {value!r}")
     return int(value)
 
 
 def _check_callable(name, value, optional=True):
-    if (value is None and not optional) or (value is not None and not callable(value)):
+    if not callable(value) and not (optional and value is None):
         raise TypeError(f"BatchQueue: {name} must be callable{' or None' if optional else ''}, "
                         f"got {type(value).__name__}")
     return value
 
 
 def _rebuild(like, values):
-    """Builds a sequence of the same type as ``like`` (tuple, list or namedtuple) from ``values``."""
-    return type(like)(*values) if hasattr(like, "_fields") else type(like)(values)
+    return type(like)(*values) if hasattr(like, "_fields") else type(like)(values)  # namedtuples take fields
 
 
 def _default_collate(values):
-    """Stack tensors along a new dim 0; tuples, lists and dicts are stacked field-wise."""
     first = values[0]
     if isinstance(first, torch.Tensor):
         return torch.stack(values, 0)
@@ -70,7 +55,6 @@ def _default_collate(values):
 
 
 def _default_split(output, n):
-    """Split ``output`` along dim 0 into ``n`` per-sample results (views of ``output``)."""
     if isinstance(output, torch.Tensor):
         if output.dim() == 0 or output.shape[0] != n:
             got = "a 0-dim tensor" if output.dim() == 0 else f"batch size {output.shape[0]}"
@@ -99,7 +83,7 @@ def _to_device(value, device):
 
 
 def _signature(value):
-    """Key under which inputs can be collated together (shape, dtype, device for tensors)."""
+    r"""Inputs with equal signatures can be collated together."""
     if isinstance(value, torch.Tensor):
         return (tuple(value.shape), value.dtype, value.device)
     if isinstance(value, (tuple, list)):
@@ -112,25 +96,24 @@ def _signature(value):
 class BatchQueue:
     r"""Collects single-sample requests from many threads and runs them as batches.
 
-    Each submitted input is one sample without a batch dimension. A daemon worker
-    thread waits until ``max_batch`` samples are queued or ``max_wait_ms`` passed
-    since the oldest of them arrived, collates them (``torch.stack`` along a new
-    dim 0 by default), calls ``model(batch)`` once under :func:`torch.no_grad`
-    and resolves every future with that sample's slice of the output. Tensor
-    outputs, and tuples, lists or dicts of tensors, are split along dim 0; the
-    slices are views of the batch output. Inputs that cannot be collated
-    together (e.g. different shapes) are run in separate groups.
+    Each submitted input is one sample without a batch dimension. A daemon
+    worker thread waits until ``max_batch`` samples are queued or ``max_wait_ms``
+    passed since the oldest of them arrived, collates them (``torch.stack``
+    along a new dim 0 by default; tuples, lists and dicts field-wise), calls
+    ``model(batch)`` once under :func:`torch.no_grad` and resolves each future
+    with that sample's slice of the output (views along dim 0 of a tensor, or
+    of each tensor in a tuple, list or dict). Inputs that cannot be collated
+    together (e.g. different shapes) run in separate batches.
 
     Args:
-        model (callable): module or function taking a batch and returning a
-            batch with the same size along dim 0.
-        max_batch (int): largest number of samples per model call. Default: 8.
+        model (callable): takes a batch, returns a batch of the same size along dim 0.
+        max_batch (int): most samples per model call. Default: 8.
         max_wait_ms (float): longest time the oldest queued sample waits for
             more samples before a partial batch runs. Default: 5.0.
         max_queue (int): number of waiting samples at which :meth:`submit`
-            blocks (back-pressure). Default: 1024.
-        device (torch.device or str, optional): if given, the collated batch
-            is moved there before the model runs. Outputs are not moved back.
+            blocks. Default: 1024.
+        device (torch.device or str, optional): where the batch is moved before
+            the model runs. Outputs are not moved back.
         collate (callable, optional): ``collate(list_of_inputs) -> batch``.
         split (callable, optional): ``split(output, n) -> sequence of n results``.
         name (str, optional): used in the worker thread's name.
@@ -139,16 +122,15 @@ class BatchQueue:
 
         >>> model = torch.nn.Linear(16, 4).eval()
         >>> with BatchQueue(model, max_batch=32, max_wait_ms=2) as q:
-        ...     fut = q.submit(torch.randn(16))   # from any thread
-        ...     y = fut.result()                  # shape (4,)
-        ...     y2 = q(torch.randn(16))           # blocking form
+        ...     y = q.submit(torch.randn(16)).result()  # from any thread; shape (4,)
+        ...     y2 = q(torch.randn(16))  # blocking form
     """
 
     def __init__(self, model, *, max_batch=8, max_wait_ms=5.0, max_queue=1024, device=None,
                  collate=None, split=None, name=None):
         self._model = _check_callable("model", model, optional=False)
-        self._max_batch = _check_int("max_batch", max_batch, 1)
-        self._max_queue = _check_int("max_queue", max_queue, 1)
+        self._max_batch = _check_int("max_batch", max_batch)
+        self._max_queue = _check_int("max_queue", max_queue)
         if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, numbers.Real) or not max_wait_ms >= 0:
             raise ValueError(f"BatchQueue: max_wait_ms must be a non-negative number, got {max_wait_ms!r}")
         self._max_wait = float(max_wait_ms) / 1000.0
@@ -161,7 +143,7 @@ class BatchQueue:
         if name is not None and not isinstance(name, str):
             raise TypeError(f"BatchQueue: name must be a str or None, got {type(name).__name__}")
 
-        # One lock guards _pending, _closed and the counters; both conditions share it.
+        # One lock guards _pending, _closed and _counts; both conditions share it.
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)
         self._not_full = threading.Condition(self._lock)
@@ -178,20 +160,13 @@ class BatchQueue:
         return self._closed
 
     def submit(self, x, *, block=True, timeout=None):
-        r"""Queues one sample and returns a future for its result.
+        r"""Queues one sample ``x`` and returns a :class:`concurrent.futures.Future`
+        for its output, or for the exception raised while collating or running its batch.
 
-        Args:
-            x: one input sample (no batch dimension).
-            block (bool): if ``False``, raise at once when the queue is full.
-            timeout (float, optional): seconds to wait for room in a full queue.
-
-        Returns:
-            concurrent.futures.Future: resolves to this sample's output, or to
-            the exception raised while collating or running its batch.
-
-        Raises:
-            BatchQueueFull: no room in the queue (a ``queue.Full`` and ``TimeoutError``).
-            RuntimeError: the queue is closed.
+        When the queue is full, waits for room up to ``timeout`` seconds (forever
+        if ``None``), or not at all if ``block`` is ``False``, then raises
+        :class:`BatchQueueFull` (a ``queue.Full`` and ``TimeoutError``).
+        Raises ``RuntimeError`` once the queue is closed.
         """
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"BatchQueue: timeout must be a non-negative number or None, got {timeout!r}")
@@ -212,38 +187,28 @@ class BatchQueue:
         return future
 
     def __call__(self, x, timeout=None):
-        r"""Submits ``x`` and blocks until its result is ready.
-
-        Args:
-            x: one input sample.
-            timeout (float, optional): total seconds to wait for room and result.
-                On a timeout the sample stays queued and may still run.
-
-        Returns:
-            This sample's slice of the model output.
-        """
+        r"""Submits ``x`` and returns its output. ``timeout`` bounds the total wait
+        for room and result; on a timeout the sample stays queued and may still run."""
         start = time.monotonic()
         future = self.submit(x, timeout=timeout)
         return future.result(None if timeout is None else max(0.0, timeout - (time.monotonic() - start)))
 
     def close(self, wait=True, cancel_pending=False):
-        r"""Stops accepting new samples. Idempotent and thread-safe.
+        r"""Stops accepting samples; idempotent and thread-safe.
 
         Args:
             wait (bool): block until the worker thread has exited.
-            cancel_pending (bool): cancel samples still waiting in the queue
-                instead of running them. A batch already running completes.
+            cancel_pending (bool): cancel the samples still queued instead of
+                running them. A batch already running completes.
         """
+        dropped = ()
         with self._lock:
             self._closed = True
-            dropped = list(self._pending) if cancel_pending else []
             if cancel_pending:
-                self._pending.clear()
+                dropped, self._pending = self._pending, collections.deque()
             self._not_empty.notify_all()
             self._not_full.notify_all()
-        cancelled = sum(1 for item in dropped if item.future.cancel())
-        with self._lock:
-            self._counts["cancelled"] += cancelled
+        self._bump(cancelled=sum(item.future.cancel() for item in dropped))
         if wait and threading.current_thread() is not self._worker:
             self._worker.join()
 
@@ -254,22 +219,17 @@ class BatchQueue:
         self.close()
 
     def stats(self):
-        r"""Returns counters as a dict.
-
-        Returns:
-            dict: ``submitted``, ``completed``, ``failed``, ``cancelled``,
-            ``queued`` (waiting now), ``batches`` (model calls),
-            ``mean_batch_size`` and ``max_batch_size``.
-        """
+        r"""Returns a dict of counters: ``submitted``, ``completed``, ``failed``,
+        ``cancelled``, ``queued`` (waiting now), ``batches`` (model calls),
+        ``mean_batch_size`` and ``max_batch_size``."""
         with self._lock:
-            c = dict(self._counts)
-            c["queued"] = len(self._pending)
+            c = dict(self._counts, queued=len(self._pending))
         batched = c.pop("batched_items")
         c["mean_batch_size"] = batched / c["batches"] if c["batches"] else 0.0
         return c
 
-    # Worker side. Futures are moved to RUNNING before collation, so a caller can
-    # cancel only while its sample is still queued; afterwards exactly one of
+    # Worker side. Futures are set running before collation, so a caller can
+    # cancel only while its sample is queued; afterwards exactly one of
     # set_result / set_exception is called for it.
 
     def _next_batch(self):
@@ -287,21 +247,14 @@ class BatchQueue:
             n = min(self._max_batch, len(self._pending))
             items = [self._pending.popleft() for _ in range(n)]
             self._not_full.notify(n)
-        live = []
-        for item in items:
-            if item.future.set_running_or_notify_cancel():
-                live.append(item)
-            else:
-                self._bump(cancelled=1)
+        live = [item for item in items if item.future.set_running_or_notify_cancel()]
+        self._bump(cancelled=n - len(live))
         return live
 
     def _run(self):
         items = []
         try:
-            while True:
-                items = self._next_batch()
-                if items is None:
-                    return
+            while (items := self._next_batch()) is not None:
                 if items:
                     self._run_items(items)
         except BaseException as exc:  # never leave futures unresolved if the worker dies
@@ -312,19 +265,18 @@ class BatchQueue:
                 self._not_full.notify_all()
             err = RuntimeError(f"BatchQueue worker stopped unexpectedly: {exc!r}")
             for item in items:
-                if item.future.cancel() or item.future.done():
-                    continue
-                item.future.set_exception(err)
+                if not item.future.cancel() and not item.future.done():
+                    item.future.set_exception(err)
             raise
 
     def _run_items(self, items):
         try:
             batch = self._collate([item.value for item in items])
         except Exception as exc:
-            groups = collections.OrderedDict()
+            groups = {}
             for item in items:
                 groups.setdefault(_signature(item.value), []).append(item)
-            if len(groups) > 1:  # mixed shapes/dtypes: each compatible group gets its own batch
+            if len(groups) > 1:  # mixed shapes or dtypes: each compatible group is its own batch
                 for group in groups.values():
                     self._run_items(group)
                 return
@@ -362,48 +314,21 @@ class BatchQueue:
 
 
 def batch_inference(model, inputs, *, max_batch=8, max_wait_ms=5.0, num_threads=None, device=None):
-    r"""Runs ``inputs`` through ``model`` with dynamic batching from several threads.
+    r"""Runs ``inputs`` (single samples) through ``model`` with a temporary
+    :class:`BatchQueue` fed by ``num_threads`` threads (default:
+    ``min(32, len(inputs))``), emulating many concurrent callers; useful for
+    tests and benchmarks. The other arguments are as for :class:`BatchQueue`.
 
-    A temporary :class:`BatchQueue` is fed by ``num_threads`` submitter threads,
-    which emulates many concurrent callers; useful for tests and benchmarks.
-
-    Args:
-        model (callable): as for :class:`BatchQueue`.
-        inputs (iterable): single samples (no batch dimension).
-        max_batch (int): as for :class:`BatchQueue`. Default: 8.
-        max_wait_ms (float): as for :class:`BatchQueue`. Default: 5.0.
-        num_threads (int, optional): submitter threads. Default: ``min(32, len(inputs))``.
-        device (torch.device or str, optional): as for :class:`BatchQueue`.
-
-    Returns:
-        list: one output per input, in input order. The first failed sample's
-        exception is re-raised.
+    Returns one output per input, in input order; the first failed sample's
+    exception is re-raised.
 
     Example::
 
         >>> outs = batch_inference(torch.nn.Linear(8, 2), [torch.randn(8) for _ in range(100)])
     """
     inputs = list(inputs)
-    if num_threads is None:
-        num_threads = min(32, max(1, len(inputs)))
-    num_threads = _check_int("num_threads", num_threads, 1)
-    futures = [None] * len(inputs)
-    errors = []
-
-    with BatchQueue(model, max_batch=max_batch, max_wait_ms=max_wait_ms, device=device,
-                    name="batch_inference") as q:
-        def submitter(start):
-            try:
-                for i in range(start, len(inputs), num_threads):
-                    futures[i] = q.submit(inputs[i])
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=submitter, args=(t,), daemon=True) for t in range(num_threads)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+    num_threads = _check_int("num_threads", min(32, max(1, len(inputs))) if num_threads is None else num_threads)
+    with BatchQueue(model, max_batch=max_batch, max_wait_ms=max_wait_ms, device=device, name="batch_inference") as q:
+        with concurrent.futures.ThreadPoolExecutor(num_threads, thread_name_prefix="batch_inference") as pool:
+            futures = list(pool.map(q.submit, inputs))
         return [f.result() for f in futures]

@@ -1,8 +1,5 @@
 #pragma once
 
-// Portable command-buffer state machine of an MPS stream. MPSStream drives it
-// with Metal operations; the harness drives it with the simulated runtime.
-
 #include <ATen/mps/MPSStreamPool.h>
 #include <ATen/mps/MPSThreadAnnotations.h>
 #include <c10/macros/Export.h>
@@ -36,11 +33,10 @@ using CompletionHandler = std::function<void(const CompletionStatus&)>;
 constexpr const char* kCommitAndContinueEnvVar =
     "MPS_ENABLE_COMMIT_AND_CONTINUE";
 
-// Whether the stream in `index` uses commitAndContinue: on for the default
-// stream, off for worker streams, overridden by `env_value` ("0" or "1";
-// nullptr or "" means unset, anything else throws naming the variable), and
-// always off when `profiler_needs_plain_commits` (signpost tracing or
-// capture, which need one command buffer per commit).
+// Whether stream `index` uses commitAndContinue: the default stream only,
+// unless `env_value` ("0"/"1"; else throws) says otherwise; never when
+// `profiler_needs_plain_commits` (signposts or capture want one buffer per
+// commit).
 TORCH_API bool resolveCommitAndContinue(
     StreamIndex index,
     const char* env_value,
@@ -48,37 +44,29 @@ TORCH_API bool resolveCommitAndContinue(
 
 // Note [MPS command buffer lifecycle]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A stream has at most one open command buffer and, inside it, at most one
-// open compute encoder, both created lazily. All transitions happen under the
-// stream's `mu_`, so concurrent callers can never commit a buffer twice,
-// encode into a committed buffer, or end an encoder another call just made.
-// Code that *uses* the returned buffer or encoder across several calls must
-// run inside the stream's serial section (dispatch_sync on MPSStream::queue()
-// in PyTorch), which is where every MPS op already encodes.
+// A stream has at most one open command buffer and in it at most one open
+// compute encoder, both created lazily. Every transition happens under `mu_`,
+// so concurrent callers never commit a buffer twice, encode into a committed
+// buffer or end an encoder another call just made. Code that uses the
+// returned buffer or encoder across calls runs in the stream's serial
+// section, where every MPS op already encodes.
 //
-// Each commit point (a plain commit or a commitAndContinue of a buffer that
-// exists) gets the next value of the stream's timeline, and a completion
-// handler registered *before* the commit reports that value back. The
-// timeline's completed value is the largest n such that commit points 1..n
-// have all completed, so it stays correct if the driver completes buffers
-// out of order. Waiting (COMMIT_AND_WAIT) waits for a timeline value, never
-// on a buffer object, which avoids waiting on the uncommitted root that
-// commitAndContinue leaves behind, and never holds `mu_` while it waits, so a
-// completion handler that needs this stream cannot deadlock against a waiter.
+// Each commit point (a commit, or commitAndContinue of an existing buffer)
+// takes the next timeline value; a completion handler registered before the
+// commit reports it back. The completed value is the largest n such that
+// points 1..n have all completed, so out-of-order completion is harmless.
+// COMMIT_AND_WAIT waits for a timeline value, never on a buffer object (not
+// the uncommitted root that commitAndContinue leaves), and without holding
+// `mu_`, so a completion handler cannot deadlock against a waiter. Completion
+// handlers must not enter the serial section, where a waiter may sit.
 //
-// addCompletedHandler(h) runs h once all work submitted to the stream so far
-// has completed: it joins the open buffer if work was encoded into it since
-// the last commit (the buffer that carries that work), otherwise it waits for
-// the last commit point, and runs at once if that has already completed. It
-// never creates an empty buffer, and a clean buffer is never committed.
+// addCompletedHandler(h) runs h once all work submitted so far has completed:
+// it joins the open buffer if that has work, else waits for the last commit
+// point, or runs at once. No empty buffer is created, none committed clean.
 //
-// Completion handlers must not enter the stream's serial section: a thread
-// that waits (COMMIT_AND_WAIT) inside it would never see them finish.
-//
-// Separately, every pass that carried work ends with a GPU signal of the
-// stream's timeline event with the next pass mark (Ops::signalTimeline). A
-// pass ends when its encoder ends or at a commit. Other streams wait for
-// these marks; see Note [MPS cross-stream dependencies].
+// Every pass that carried work ends (when its encoder ends, or at a commit)
+// with a GPU signal of the stream's timeline event at the next pass mark,
+// which other streams wait for (Note [MPS cross-stream dependencies]).
 //
 // Ops must provide:
 //   using Queue; using Buffer; using Encoder;   (copyable handles)
@@ -104,9 +92,8 @@ class CommandBufferLifecycle {
         queue_(std::move(queue)),
         commit_and_continue_(commit_and_continue) {}
 
-  // Commits what is left, including a clean buffer that commitAndContinue
-  // kept open, and waits for every commit point, so no completion handler
-  // can outlive the object.
+  // Commits what is left (even a clean buffer that commitAndContinue kept
+  // open) and waits, so no completion handler outlives the object.
   ~CommandBufferLifecycle() {
     uint64_t last = 0;
     {
@@ -120,8 +107,7 @@ class CommandBufferLifecycle {
   CommandBufferLifecycle(const CommandBufferLifecycle&) = delete;
   CommandBufferLifecycle& operator=(const CommandBufferLifecycle&) = delete;
 
-  // Handing out the buffer or encoder marks the stream as having work to
-  // commit (the caller is about to encode).
+  // Handing out the buffer or encoder marks the stream dirty.
   Buffer commandBuffer() MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     dirty_ = pass_has_work_ = true;
@@ -143,19 +129,16 @@ class CommandBufferLifecycle {
     endEncoder();
   }
 
-  // Ends the open pass like endKernelCoalescing(), but signals its mark even
-  // if the pass carried no work, so that the mark completes once the work
-  // before it has. See Note [MPS cross-stream dependencies] for why a mark
-  // may be needed without work behind it.
+  // endKernelCoalescing() that signals the pass's mark even if the pass is
+  // empty (Note [MPS cross-stream dependencies] says why).
   void endPassSignalled() MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     markPassUsed();
     endEncoder();
   }
 
-  // What a deferred flush does: ends the open pass if it is still the one
-  // with mark `mark` (signalled even if empty, as in endPassSignalled()),
-  // then commits, so that `mark` reaches committedMark().
+  // A deferred flush: ends the pass if it still has mark `mark` (signalled
+  // even if empty), then commits, so that `mark` reaches committedMark().
   void commitThrough(uint64_t mark) MPS_EXCLUDES(mu_, timeline_mu_) {
     MutexLock lock(mu_);
     if (open_mark_.load(std::memory_order_relaxed) <= mark) {
@@ -217,11 +200,9 @@ class CommandBufferLifecycle {
     handler(CompletionStatus{}); // everything submitted has completed
   }
 
-  // Runs `handler` once commit point `point` has completed (the timeline
-  // reached it): inline if it has, else from the completion that gets it
-  // there. Unlike addCompletedHandler() it touches no command buffer, so any
-  // thread may call it outside the serial section, and the completion of a
-  // later buffer alone never triggers it.
+  // Runs `handler` once commit point `point` has completed, inline if it has.
+  // Touches no command buffer, so any thread may call it outside the serial
+  // section.
   void addTimelineHandler(uint64_t point, CompletionHandler handler)
       MPS_EXCLUDES(timeline_mu_) {
     {
@@ -234,37 +215,27 @@ class CommandBufferLifecycle {
     handler(CompletionStatus{});
   }
 
-  bool commitAndContinueEnabled() const {
-    return commit_and_continue_;
-  }
-
-  // Timeline values; see Note [MPS command buffer lifecycle].
-  // The commit point that will carry all work encoded so far: the next one
-  // while the open buffer has work, else the last one. Work is complete once
-  // completedCommitPoint() reaches it; with work open that needs a commit
-  // first (synchronize(COMMIT)).
+  // The commit point that will carry all work encoded so far (the next one
+  // while the open buffer has work).
   uint64_t pendingCommitPoint() const MPS_EXCLUDES(mu_, timeline_mu_) {
     MutexLock lock(mu_);
     MutexLock tl(timeline_mu_);
     return committed_ + (dirty_ ? 1 : 0);
   }
-  // Whether work was encoded since the last commit.
   bool hasUncommittedWork() const MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     return dirty_;
   }
-  // The mark the open pass will signal when it ends. One load; stable while
-  // the caller holds the stream's serial section (passes end only there).
-  // The atomic itself is for DependencyStream::bindOpenMark().
+  // The mark the open pass will signal; stable in the serial section, where
+  // passes end. The atomic itself is for DependencyStream::bindOpenMark().
   uint64_t openMark() const {
     return open_mark_.load(std::memory_order_acquire);
   }
   const std::atomic<uint64_t>& openMarkAtomic() const {
     return open_mark_;
   }
-  // The last mark whose signal is in a committed command buffer. Set after
-  // the commit, so a GPU wait for a mark it covers never waits on work that
-  // is not yet submitted.
+  // The last mark whose signal is in a committed buffer; set after the
+  // commit, so a GPU wait for it never waits on unsubmitted work.
   uint64_t committedMark() const {
     return committed_mark_.load(std::memory_order_acquire);
   }
@@ -277,7 +248,6 @@ class CommandBufferLifecycle {
     return completed_;
   }
 
-  // Blocks until committedMark() reaches `mark`.
   void waitForCommittedMark(uint64_t mark) MPS_EXCLUDES(timeline_mu_) {
     MutexLock tl(timeline_mu_);
     completed_cv_.wait(timeline_mu_, [&] {
@@ -285,8 +255,7 @@ class CommandBufferLifecycle {
     });
   }
 
-  // Blocks until commit point `value` has completed. Throws if a command
-  // buffer up to `value` failed and no earlier wait reported it.
+  // Throws if a buffer up to `value` failed and no earlier wait reported it.
   void waitForCommitPoint(uint64_t value) MPS_EXCLUDES(timeline_mu_) {
     MutexLock tl(timeline_mu_);
     completed_cv_.wait(timeline_mu_, [&]() MPS_REQUIRES(timeline_mu_) {
@@ -318,8 +287,6 @@ class CommandBufferLifecycle {
     return buffer_;
   }
 
-  // Gives the open pass work to signal: the open buffer joins the next
-  // commit and the pass's mark is signalled when it ends.
   void markPassUsed() MPS_REQUIRES(mu_) {
     openBuffer();
     dirty_ = pass_has_work_ = true;
@@ -339,8 +306,7 @@ class CommandBufferLifecycle {
     }
   }
 
-  // Commits the open buffer as the next commit point if it has work. A clean
-  // buffer (left open by commitAndContinue) is not committed empty.
+  // Commits the open buffer as the next commit point, unless it is clean.
   void commitOpen(bool keep_open, bool even_if_clean = false) MPS_REQUIRES(mu_)
       MPS_EXCLUDES(timeline_mu_) {
     if (!has_buffer_ || (!dirty_ && !even_if_clean)) {
@@ -365,8 +331,7 @@ class CommandBufferLifecycle {
       ops_.release(buffer_);
       has_buffer_ = false;
     }
-    // Published only once the signals are submitted: another stream encodes
-    // a GPU wait for a mark only after seeing it here.
+    // Published after the commit: other streams wait only for marks seen here.
     MutexLock tl(timeline_mu_);
     committed_mark_.store(signalled, std::memory_order_release);
     completed_cv_.notifyAll();
@@ -411,17 +376,15 @@ class CommandBufferLifecycle {
   const Queue queue_;
   const bool commit_and_continue_;
 
-  // Lock order: mu_ before timeline_mu_. Completion handlers take only
-  // timeline_mu_.
+  // Completion handlers take only timeline_mu_.
   mutable Mutex mu_ MPS_ACQUIRED_BEFORE(timeline_mu_);
   bool has_buffer_ MPS_GUARDED_BY(mu_) = false;
   // Set when the buffer or encoder is handed out, cleared by a commit.
   bool dirty_ MPS_GUARDED_BY(mu_) = false;
   // Set with dirty_, cleared when the pass ends (and its mark is signalled).
   bool pass_has_work_ MPS_GUARDED_BY(mu_) = false;
-  // open_mark_ is written under mu_, committed_mark_ under mu_ and
-  // timeline_mu_ (waitForCommittedMark() waits on it); both are read
-  // without locks.
+  // Written under mu_ (committed_mark_ also under timeline_mu_, for
+  // waitForCommittedMark()); read without locks.
   std::atomic<uint64_t> open_mark_{1};
   std::atomic<uint64_t> committed_mark_{0};
   Buffer buffer_ MPS_GUARDED_BY(mu_){};

@@ -1,8 +1,5 @@
 #pragma once
 
-// An opt-in, process-wide gate that serialises compute-encoder creation and
-// end across all MPS streams.
-
 #include <ATen/mps/MPSEnvSwitch.h>
 #include <ATen/mps/MPSThreadAnnotations.h>
 #include <c10/macros/Export.h>
@@ -22,30 +19,22 @@ inline constexpr EnvSwitch kSerializeComputeEncodersSwitch{
 
 // Note [MPS compute-encoder lifecycle gate]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The dML project reports crashes inside Apple's AGX driver when one thread
-// tears down a compute encoder (its driver context) while another thread,
-// on another command queue, is creating or using one: a driver-side race,
-// not a Metal contract violation, so nothing in our own locking prevents it.
-// With MPS_SERIALIZE_COMPUTE_ENCODERS=1 every compute-encoder creation and
-// endEncoding made through the gate runs under one process-wide mutex, so no
-// two such lifecycle transitions overlap anywhere in the process. Encoding
-// into an open encoder is not gated: that keeps kernels of different streams
-// encoding in parallel, and it means the gate narrows the reported race
-// rather than excluding it.
+// The dML project reports crashes in Apple's AGX driver when one thread ends
+// a compute encoder while another, on another queue, creates or uses one: a
+// driver race that our own locking cannot prevent. With
+// MPS_SERIALIZE_COMPUTE_ENCODERS=1, every compute-encoder creation and
+// endEncoding routed through run() (GatedEncoderOps, MPSGraph encodes) holds
+// one process-wide mutex. Encoding into an open encoder is not gated, so
+// streams still encode in parallel and the gate narrows the race rather than
+// excluding it. Off (the default), run() costs one relaxed load. The variable
+// is read strictly on first use (Note [MPS environment switches]); a
+// malformed value raises from every use.
 //
-// The gate is off by default and costs one relaxed atomic load per call when
-// off. The variable is read on first use (strictly, see Note [MPS environment
-// switches]); a malformed value raises the error from that first use and from
-// every later one. There is no method swizzling: the gate covers exactly the
-// calls routed through run(), i.e. the streams' own encoder lifecycle
-// (GatedEncoderOps) and any encode call wrapped explicitly.
-//
-// The gate's mutex is a leaf lock: nothing run() executes may acquire a
-// stream's serial section, a command-buffer lifecycle lock, or the gate
-// itself. Callers evaluate commandBuffer()/commandEncoder() before entering.
+// The mutex is a leaf lock: fn() must not enter a serial section, a
+// command-buffer lifecycle lock or the gate, so callers evaluate
+// commandBuffer()/commandEncoder() before run().
 class TORCH_API EncoderLifecycleGate {
  public:
-  // Reads `sw` on first use.
   constexpr explicit EncoderLifecycleGate(const EnvSwitch& sw)
       : switch_(&sw), state_(kUnknown) {}
   // A gate in a fixed state, for tools and tests.
@@ -55,33 +44,25 @@ class TORCH_API EncoderLifecycleGate {
   EncoderLifecycleGate& operator=(const EncoderLifecycleGate&) = delete;
 
   bool enabled() {
-    return resolve() == kOn;
+    const uint8_t state = state_.load(std::memory_order_relaxed);
+    return (C10_LIKELY(state != kUnknown) ? state : resolve()) == kOn;
   }
 
   // Returns fn(), run under the gate's mutex when the gate is on.
   template <typename Fn>
   decltype(auto) run(Fn&& fn) MPS_EXCLUDES(mu_) {
-    if (C10_LIKELY(state_.load(std::memory_order_relaxed) == kOff)) {
+    if (!enabled()) {
       return std::forward<Fn>(fn)();
     }
-    return runResolved(fn);
+    MutexLock lock(mu_);
+    return std::forward<Fn>(fn)();
   }
 
  private:
   enum : uint8_t { kUnknown, kOff, kOn };
 
-  // kOff or kOn; reads the switch if that has not happened yet. Concurrent
-  // first uses may all read it: they store the same result.
+  // Reads the switch; racing first uses store the same result.
   uint8_t resolve();
-
-  template <typename Fn>
-  decltype(auto) runResolved(Fn& fn) MPS_EXCLUDES(mu_) {
-    if (resolve() == kOff) {
-      return fn();
-    }
-    MutexLock lock(mu_);
-    return fn();
-  }
 
   const EnvSwitch* const switch_;
   std::atomic<uint8_t> state_;
@@ -91,10 +72,8 @@ class TORCH_API EncoderLifecycleGate {
 // The process-wide gate, configured by MPS_SERIALIZE_COMPUTE_ENCODERS.
 TORCH_API EncoderLifecycleGate& computeEncoderGate();
 
-// Lifecycle ops (see Note [MPS command buffer lifecycle]) whose compute
-// encoder creation and endEncoding pass through a gate: a stream uses
-// CommandBufferLifecycle<GatedEncoderOps<Ops>> instead of
-// CommandBufferLifecycle<Ops>.
+// Lifecycle ops (Note [MPS command buffer lifecycle]) whose compute-encoder
+// creation and endEncoding pass through a gate.
 template <typename Ops>
 class GatedEncoderOps : public Ops {
  public:

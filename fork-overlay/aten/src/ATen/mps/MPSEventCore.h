@@ -1,9 +1,5 @@
 #pragma once
 
-// Portable bookkeeping of MPS events (torch.Event / torch.mps.Event) over any
-// stream. MPSEvent.mm binds it to MTLSharedEvent and MPSStream; the harness
-// binds it to the simulated runtime.
-
 #include <ATen/mps/MPSThreadAnnotations.h>
 #include <c10/util/Exception.h>
 
@@ -20,23 +16,19 @@ namespace at::mps {
 
 // Note [MPS event values]
 // ~~~~~~~~~~~~~~~~~~~~~~~
-// A Metal shared event holds a 64-bit value that only rises: a signal or CPU
-// write with a smaller value changes nothing (METAL-SEMANTICS §4). So an event
-// never rewinds. Each record() takes the next value of the event's own
-// counter, which keeps counting across reuse from the pool; "not recorded" is
-// a separate state, not value 0. (v2.9.1 wrote signaledValue = 0 when an event
-// moved to another stream; Metal ignores that write, so the reused event
-// looked already signalled and waits were skipped.)
+// A Metal shared event's value only rises: a smaller signal or CPU write
+// changes nothing, so an event never rewinds. Each record() takes the next
+// value of the event's own counter, which keeps counting across reuse from
+// the pool; "not recorded" is a separate state, not value 0. (v2.9.1 wrote
+// signaledValue = 0 when an event moved streams; Metal ignores that, so the
+// reused event looked signalled and waits were skipped.)
 //
-// record(stream) signals on the stream it is given, and wait(stream) encodes a
-// GPU-side wait on the stream it is given, whatever stream the event was made
-// with. Before encoding a wait, the recording stream is committed, so the
-// waiting queue can never block on a signal that sits in an uncommitted
-// buffer. Re-recording replaces the captured work, as in CUDA.
-//
-// Notification callbacks (timing, synchronize) hold only the event's shared
-// completion state, never the event, so a callback that fires after the event
-// went back to the pool touches nothing that was released.
+// record(stream) and wait(stream) act on the stream given, whatever stream
+// the event was made with. A wait first commits the recording stream, so it
+// never blocks on a signal in an uncommitted buffer. Re-recording replaces the
+// captured work, as in CUDA. Notification callbacks (timing, synchronize)
+// hold only the shared completion state, never the event, which may be back
+// in the pool by then.
 //
 // Backend must provide:
 //   using Stream; using Handle;                 (Handle is the shared event)
@@ -101,8 +93,7 @@ class StreamEvent {
     }
   }
 
-  // Makes later work on `stream` wait (on the GPU) for the recorded work.
-  // Returns false when there is nothing to wait for.
+  // GPU-side wait on `stream`; false when there is nothing to wait for.
   bool wait(Stream& stream, bool commit) MPS_EXCLUDES(mu_) {
     const Pending p = pending();
     if (!p.producer) {
@@ -121,15 +112,10 @@ class StreamEvent {
   // True once the recorded work has completed; false if never recorded
   // (as v2.9.1's torch.mps.Event.query()).
   bool query() const MPS_EXCLUDES(mu_) {
-    uint64_t value = 0;
-    {
-      MutexLock lock(mu_);
-      value = recorded_;
-    }
+    const uint64_t value = recorded();
     return value != 0 && backend_->signaledValue(handle_) >= value;
   }
 
-  // Blocks the calling thread until the recorded work has completed.
   void synchronize() MPS_EXCLUDES(mu_) {
     const Pending p = pending();
     if (!p.producer) {
@@ -148,8 +134,7 @@ class StreamEvent {
     }
   }
 
-  // Milliseconds between the completion of `start`'s and this event's
-  // recorded work. Both must have been made with enable_timing.
+  // Milliseconds between the completions of `start`'s and this event's work.
   double elapsedMsSince(StreamEvent& start) {
     TORCH_CHECK(
         start.timingEnabled() && timingEnabled(),
@@ -172,8 +157,7 @@ class StreamEvent {
     return static_cast<double>(t1 - t0) * 1e-6;
   }
 
-  // Makes the event look new to its next owner; never touches the Metal
-  // value (see Note [MPS event values]).
+  // Makes the event look new to its next owner; the Metal value stays.
   void resetForReuse(uint64_t id, bool enable_timing) MPS_EXCLUDES(mu_) {
     id_ = id;
     MutexLock lock(mu_);
@@ -188,17 +172,12 @@ class StreamEvent {
     return timing_;
   }
 
-  // Completion time of the last recorded value, which synchronize() has
-  // seen reached; 0 if never recorded. The timing notification runs on the
-  // listener's queue after the value is reached, so it may still be on its
-  // way: this waits for it, for at most `timeout`.
+  // Completion time of the last recorded value (0 if never recorded), which
+  // synchronize() has seen reached. Its notification may still be on the
+  // listener's queue, so this waits for it up to `timeout`.
   uint64_t completionTimeNs(std::chrono::nanoseconds timeout) const
       MPS_EXCLUDES(mu_) {
-    uint64_t value = 0;
-    {
-      MutexLock lock(mu_);
-      value = recorded_;
-    }
+    const uint64_t value = recorded();
     return value == 0 ? 0 : completion()->waitForTimeOf(value, timeout);
   }
 
@@ -207,8 +186,13 @@ class StreamEvent {
   }
 
  private:
-  // The recorded value still to be reached and the stream that signals it;
-  // producer is null when there is nothing to wait for.
+  uint64_t recorded() const MPS_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return recorded_;
+  }
+
+  // The recorded value still to be reached and its stream; producer is null
+  // when there is nothing to wait for.
   struct Pending {
     uint64_t value;
     Stream* producer;
@@ -290,10 +274,9 @@ class StreamEvent {
 
 // Note [MPS event pool]
 // ~~~~~~~~~~~~~~~~~~~~~
-// Events are handed to Python and to c10::Event as integer ids. Every
-// operation looks the id up and holds a shared_ptr to the event while it
-// works, so a concurrent release cannot free it underneath; the event goes
-// back to the free list when the last holder lets go. Ids are never reused.
+// Python and c10::Event hold events as ids, never reused. Every operation
+// holds a shared_ptr to the event while it works, so a concurrent release
+// cannot free it underneath; the last holder returns it to the free list.
 template <typename Backend>
 class StreamEventPool {
  public:
@@ -328,7 +311,7 @@ class StreamEventPool {
       event = std::move(it->second);
       in_use_.erase(it);
     }
-    // `event` drops here, outside the lock: the last holder returns it.
+    // Dropped outside the lock.
   }
 
   std::shared_ptr<Event> get(uint64_t id) const MPS_EXCLUDES(mu_) {

@@ -9,26 +9,13 @@
 namespace at::mps {
 
 namespace {
-
 std::array<Mutex, kRacyKernelFamilies>& familyLocks() {
-  // Leaked on purpose, like the stream pool: ops may still encode during
-  // static destruction.
+  // Leaked, like the stream pool: ops may encode during static destruction.
   static auto* locks = new std::array<Mutex, kRacyKernelFamilies>();
   return *locks;
 }
-
 // Bit i set: the calling thread holds family i's lock.
 thread_local uint32_t tls_held_families = 0;
-
-int indexOf(RacyKernelFamily family) {
-  const int index = static_cast<int>(family);
-  TORCH_CHECK(
-      index >= 0 && index < kRacyKernelFamilies,
-      "unknown RacyKernelFamily ",
-      index);
-  return index;
-}
-
 } // namespace
 
 const char* racyKernelFamilyName(RacyKernelFamily family) {
@@ -47,26 +34,23 @@ const char* racyKernelFamilyName(RacyKernelFamily family) {
   return "unknown";
 }
 
-// The lock is chosen at run time, which the analysis cannot follow; the
-// acquisition order is checked at run time instead.
+// The lock is chosen at run time, which the analysis cannot follow; the order
+// is checked at run time instead.
 SerializedEncode::SerializedEncode(RacyKernelFamily family)
-    MPS_NO_THREAD_SAFETY_ANALYSIS : family_(family) {
-  const int index = indexOf(family);
+    MPS_NO_THREAD_SAFETY_ANALYSIS : index_(static_cast<int>(family)) {
   TORCH_INTERNAL_ASSERT(
-      (tls_held_families >> index) == 0,
+      (tls_held_families >> index_) == 0,
       "MPS kernel-family lock '",
       racyKernelFamilyName(family),
       "' taken while holding the same or a later family's lock; see Note "
       "[MPS Apple framework workarounds] for the order");
-  familyLocks()[index].lock();
-  tls_held_families |= uint32_t{1} << index;
+  familyLocks()[index_].lock();
+  tls_held_families |= uint32_t{1} << index_;
 }
 
-// Releases the lock the constructor took; see there.
 SerializedEncode::~SerializedEncode() MPS_NO_THREAD_SAFETY_ANALYSIS {
-  const int index = static_cast<int>(family_);
-  tls_held_families &= ~(uint32_t{1} << index);
-  familyLocks()[index].unlock();
+  tls_held_families &= ~(uint32_t{1} << index_);
+  familyLocks()[index_].unlock();
 }
 
 GraphPathMode parseGraphPathMode(const char* value) {
@@ -85,7 +69,7 @@ bool preferGraphPath(
 }
 
 bool preferGraphPathNow(StreamIndex current) {
-  // Read once; a malformed value throws here, and again on the next call.
+  // A malformed value throws here, and again on the next call.
   static const GraphPathMode mode =
       parseGraphPathMode(std::getenv(kForceGraphPathSwitch.name));
   return preferGraphPath(mode, streamActivity(), current);

@@ -1,9 +1,5 @@
 #pragma once
 
-// Workarounds for Apple-framework races under concurrent encoding: one named
-// lock per affected kernel family, and the choice of the MPSGraph path while
-// several streams are active.
-
 #include <ATen/mps/MPSEnvSwitch.h>
 #include <ATen/mps/MPSStreamActivity.h>
 #include <ATen/mps/MPSStreamPool.h>
@@ -15,38 +11,28 @@ namespace at::mps {
 
 // Note [MPS Apple framework workarounds]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The dML project found MPS kernels that crash or fail when encoded from
-// several threads at once, even when every thread has its own kernel object,
-// its own command queue and its own command buffer: the shared state is
-// inside Apple's framework, per kernel class, so no per-object lock helps.
-// Each such kernel family gets one process-wide lock, held only around the
-// encoding of that family (SerializedEncode); unaffected ops and the MPSGraph
-// paths take none of them.
+// The dML project found MPS kernels that fail when encoded from several
+// threads at once even with per-thread kernel objects, queues and command
+// buffers: the shared state is inside Apple's framework, per kernel class. So
+// each such family gets one process-wide lock, held only around its encoding
+// (SerializedEncode); other ops and MPSGraph paths take none.
 //
-// Where an op also has an MPSGraph implementation (nn.Linear, LayerNorm),
-// serialising is not enough (dML saw the no-graph Linear path fail at 3+
-// threads even with its encoding serialised), so the op takes the graph path
-// while more than one stream is active (Note [MPS active streams]), and always
-// with MPS_FORCE_GRAPH_PATH=1. Single-stream programs keep the faster kernel
-// path.
+// Where an op has an MPSGraph implementation (nn.Linear, LayerNorm),
+// serialising is not enough (dML saw no-graph Linear fail at 3+ threads even
+// serialised), so it takes the graph path while more than one stream is
+// active (Note [MPS active streams]), or always with MPS_FORCE_GRAPH_PATH=1.
 //
-// Lock order: family locks are taken inside the stream's serial section,
-// after commandBuffer()/commandEncoder(), in increasing RacyKernelFamily order
-// when an op needs several (checked: out-of-order acquisition is an error,
-// never a latent deadlock). Under a family lock only the encode lock of a
-// cached kernel (Note [MPS graph and kernel caches]) and the stream's own
-// locks may be taken.
+// Lock order: family locks are taken inside the serial section, after
+// commandBuffer()/commandEncoder(), in increasing RacyKernelFamily order
+// (checked at run time). Under a family lock only a cached kernel's encode
+// lock (Note [MPS graph and kernel caches]) and the stream's own locks may be
+// taken.
 enum class RacyKernelFamily : uint8_t {
-  // MPSNDArrayMatrixMultiplication: the nn.Linear no-graph path, tiled bmm.
-  kMatrixMultiplication = 0,
-  // The LayerNorm forward Metal kernel.
-  kLayerNormKernel,
-  // MPSMatrixDecompositionLU: lu_factor, solve, inv.
-  kMatrixDecompositionLU,
-  // MPSMatrixSolveLU: solve, inv.
-  kMatrixSolveLU,
-  // MPSMatrixSolveTriangular: solve_triangular, triangular_solve.
-  kMatrixSolveTriangular,
+  kMatrixMultiplication, // no-graph nn.Linear, tiled bmm
+  kLayerNormKernel, // LayerNorm forward Metal kernel
+  kMatrixDecompositionLU, // lu_factor, solve, inv
+  kMatrixSolveLU, // solve, inv
+  kMatrixSolveTriangular, // solve_triangular, triangular_solve
 };
 constexpr int kRacyKernelFamilies = 5;
 
@@ -61,7 +47,7 @@ class TORCH_API SerializedEncode {
   SerializedEncode& operator=(const SerializedEncode&) = delete;
 
  private:
-  const RacyKernelFamily family_;
+  const int index_;
 };
 
 inline constexpr EnvSwitch kForceGraphPathSwitch{
@@ -70,30 +56,23 @@ inline constexpr EnvSwitch kForceGraphPathSwitch{
     "use it while more than one stream is active",
     "use it while more than one stream is active"};
 
-enum class GraphPathMode {
-  kAuto, // graph path while more than one stream is active
-  kForce, // always the graph path
-};
+enum class GraphPathMode { kAuto, kForce };
 
-// Parses MPS_FORCE_GRAPH_PATH's value (nullptr: unset); see
-// Note [MPS environment switches].
+// Parses MPS_FORCE_GRAPH_PATH's value (nullptr: unset).
 TORCH_API GraphPathMode parseGraphPathMode(const char* value);
 
 inline bool preferGraphPath(GraphPathMode mode, int active_streams) {
   return mode == GraphPathMode::kForce || active_streams > 1;
 }
 
-// Whether an op with a racy kernel path should take its graph path now, on
-// stream `current`: notes `current` in `activity` first, so the caller's own
-// stream always counts.
+// Notes `current` in `activity` first, so the caller's stream always counts.
 TORCH_API bool preferGraphPath(
     GraphPathMode mode,
     StreamActivity& activity,
     StreamIndex current,
     StreamActivity::Clock::time_point now = StreamActivity::Clock::now());
 
-// The process-wide decision: MPS_FORCE_GRAPH_PATH (read once) and
-// streamActivity().
+// With MPS_FORCE_GRAPH_PATH (read once) and streamActivity().
 TORCH_API bool preferGraphPathNow(StreamIndex current);
 
 } // namespace at::mps

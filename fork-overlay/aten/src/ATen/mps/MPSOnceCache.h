@@ -1,10 +1,5 @@
 #pragma once
 
-// A thread-safe map whose values are created at most once per key, with no
-// lock held while a value is being created. The MPS shader-library and
-// pipeline-state caches use it directly; the graph and kernel caches build on
-// it (see MPSObjectCache.h).
-
 #include <ATen/mps/MPSThreadAnnotations.h>
 #include <c10/util/Exception.h>
 
@@ -21,37 +16,25 @@ namespace at::mps {
 
 // Note [MPS create-once cache]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// OnceCache<Key, Value> maps keys to values made by a caller-supplied
-// create() on first request. Guarantees, for any number of threads:
-//  - For each key, create() runs on one thread at a time, and once one run
-//    succeeds its value is the only value ever stored or returned for that
-//    key. No losing racer's value is ever produced, so nothing is discarded
-//    or leaked (compiled Metal libraries, pipeline states, MPSGraphs).
-//  - create() runs with no lock held. A concurrent request for the same key
-//    waits for that run instead of starting its own; requests for other keys
-//    (hits or misses) proceed.
+// OnceCache maps keys to values made by create() on first request, used by
+// the shader-library and pipeline-state caches and by ObjectCache. For any
+// number of threads:
+//  - create() runs with no lock held, for one key on one thread at a time; a
+//    concurrent request for that key waits for it, other keys proceed.
+//  - Once create() succeeds, its value is the only one ever stored or
+//    returned for the key: no racer's duplicate is built, discarded or leaked
+//    (Metal libraries, pipeline states, MPSGraphs).
 //  - If create() throws, nothing is stored, the exception goes to its caller,
-//    and one of the waiting requests (or the next request) runs create()
-//    again.
-//  - A thread that requests the key it is itself creating (create() recursing
-//    into its own key) gets an error instead of waiting for itself forever.
-//  - A stored value never moves and is never removed or replaced: references
-//    returned by getOrCreate()/find() stay valid for the cache's lifetime.
-//    There is no eviction, as in v2.9.1: callers keep raw references to
-//    cached objects past the lookup.
-// Keys are spread over kShards independently locked shards so that hits on
-// different keys from many threads do not contend on one mutex. Each lookup
-// takes one shard mutex for a hash-map find; creation notifies the waiters of
-// its shard.
+//    and a waiting (or the next) request runs create() again.
+//  - create() requesting its own key raises instead of waiting for itself.
+//  - Values never move and are never removed: references stay valid for the
+//    cache's lifetime. No eviction, as in v2.9.1, since callers keep raw
+//    references past the lookup.
+// Keys are spread over independently locked shards so that hits on different
+// keys do not contend on one mutex.
 template <typename Key, typename Value, typename Hash = std::hash<Key>>
 class OnceCache {
  public:
-  OnceCache() = default;
-  OnceCache(const OnceCache&) = delete;
-  OnceCache& operator=(const OnceCache&) = delete;
-
-  // The value for `key`, calling create() (returning something convertible to
-  // Value) if it does not exist yet; see Note [MPS create-once cache].
   template <typename Create>
   const Value& getOrCreate(const Key& key, Create&& create) {
     Shard& shard = shardFor(key);
@@ -61,10 +44,9 @@ class OnceCache {
       for (;;) {
         auto it = shard.slots.find(key);
         if (it == shard.slots.end()) {
-          auto slot = std::make_unique<Slot>();
-          slot->creator = std::this_thread::get_id();
-          mine = slot.get();
-          shard.slots.emplace(key, std::move(slot));
+          mine = shard.slots.emplace(key, std::make_unique<Slot>())
+                     .first->second.get();
+          mine->creator = std::this_thread::get_id();
           break;
         }
         if (it->second->value.has_value()) {
@@ -77,7 +59,6 @@ class OnceCache {
         shard.created.wait(shard.mu);
       }
     }
-    // This thread creates the value, without holding the shard lock.
     std::optional<Value> made;
     try {
       made.emplace(std::forward<Create>(create)());
@@ -93,8 +74,7 @@ class OnceCache {
     return *mine->value;
   }
 
-  // The value for `key` if it has been created; nullptr if it is absent or
-  // still being created. Never waits for a creation.
+  // nullptr if absent or still being created; never waits.
   const Value* find(const Key& key) const {
     const Shard& shard = shardFor(key);
     MutexLock lock(shard.mu);
@@ -105,8 +85,8 @@ class OnceCache {
     return &*it->second->value;
   }
 
-  // Calls fn(key, value) for every created value, holding each shard's lock
-  // while visiting it: fn must not call back into this cache.
+  // Calls fn(key, value) for every created value under its shard's lock: fn
+  // must not call back into this cache.
   template <typename Fn>
   void forEach(Fn&& fn) const {
     for (const Shard& shard : shards_) {
@@ -121,11 +101,10 @@ class OnceCache {
 
  private:
   static constexpr int kShardBits = 4;
-  static constexpr size_t kShards = size_t{1} << kShardBits;
 
   struct Slot {
-    std::optional<Value> value; // engaged once created; immutable after
-    std::thread::id creator; // the creating thread while value is empty
+    std::optional<Value> value; // immutable once engaged
+    std::thread::id creator; // while value is empty
   };
   struct Shard {
     mutable Mutex mu;
@@ -135,14 +114,14 @@ class OnceCache {
   };
 
   Shard& shardFor(const Key& key) const {
-    // Fibonacci hashing: the top bits of the product mix every input bit,
-    // also for pointer keys whose low bits are constant.
+    // Fibonacci hashing: the top bits mix every input bit, also for pointer
+    // keys whose low bits are constant.
     const uint64_t h =
         static_cast<uint64_t>(Hash{}(key)) * 0x9E3779B97F4A7C15ull;
     return shards_[h >> (64 - kShardBits)];
   }
 
-  mutable std::array<Shard, kShards> shards_;
+  mutable std::array<Shard, size_t{1} << kShardBits> shards_;
 };
 
 } // namespace at::mps

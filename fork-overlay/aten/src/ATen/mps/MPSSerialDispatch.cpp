@@ -2,12 +2,8 @@
 
 namespace at::mps {
 
-namespace {
-// Innermost section of the calling thread; see Note [MPS serial sections].
-// Defined here, not inline in the header, so that every library sees the same
-// chain.
-thread_local const SerialSection* tls_innermost_section = nullptr;
-} // namespace
+// Defined here, not inline in the header, so that every library sees one chain.
+static thread_local const SerialSection* tls_innermost_section = nullptr;
 
 SerialSection::SerialSection(
     const void* queue,
@@ -25,8 +21,7 @@ const SerialSection* SerialSection::innermost() noexcept {
 }
 
 bool SerialSection::isActive(const void* queue) noexcept {
-  for (const SerialSection* s = tls_innermost_section; s != nullptr;
-       s = s->outer_) {
+  for (const SerialSection* s = tls_innermost_section; s; s = s->outer_) {
     if (s->queue_ == queue) {
       return true;
     }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <unordered_map>
@@ -17,12 +16,7 @@
 namespace at::mps {
 
 int64_t streamIdFromIndex(StreamIndex index) {
-  TORCH_CHECK(
-      index >= 0 && index < kStreamsPerPool,
-      "MPS stream index out of range: index=",
-      index,
-      ", expected 0 <= index < ",
-      kStreamsPerPool);
+  checkStreamIndex(index);
   return static_cast<int64_t>(index);
 }
 
@@ -40,20 +34,16 @@ StreamIndex streamIndexFromId(int64_t stream_id) {
 
 ExhaustionConfig parseExhaustionConfig(const char* value) {
   if (value == nullptr || *value == '\0') {
-    return {ExhaustionPolicy::kShare, std::chrono::milliseconds(0)};
+    return {};
   }
-  const char* p = value;
-  if (*p == '-') {
-    ++p;
-  }
-  const bool digits_only = *p != '\0' &&
-      std::all_of(
-          p, p + std::strlen(p), [](char c) { return c >= '0' && c <= '9'; });
-  errno = 0;
+  // strtoll alone would also take leading spaces and '+'.
+  const char first = value[*value == '-' ? 1 : 0];
   char* end = nullptr;
-  const long long parsed = digits_only ? std::strtoll(value, &end, 10) : 0;
+  errno = 0;
+  const long long parsed =
+      first >= '0' && first <= '9' ? std::strtoll(value, &end, 10) : 0;
   TORCH_CHECK(
-      digits_only && errno == 0 && parsed >= -1 &&
+      end != nullptr && *end == '\0' && errno == 0 && parsed >= -1 &&
           parsed <= std::numeric_limits<int32_t>::max(),
       kWaitTimeoutEnvVar,
       "='",
@@ -64,11 +54,8 @@ ExhaustionConfig parseExhaustionConfig(const char* value) {
       "milliseconds to wait before raising an error (at most ",
       std::numeric_limits<int32_t>::max(),
       ").");
-  if (parsed == 0) {
-    return {ExhaustionPolicy::kThrow, std::chrono::milliseconds(0)};
-  }
-  if (parsed == -1) {
-    return {ExhaustionPolicy::kWait, std::chrono::milliseconds(0)};
+  if (parsed <= 0) {
+    return {parsed == 0 ? ExhaustionPolicy::kThrow : ExhaustionPolicy::kWait};
   }
   return {ExhaustionPolicy::kWaitTimeout, std::chrono::milliseconds(parsed)};
 }
@@ -210,19 +197,6 @@ void StreamSlotPool::failForked() {
       "'forkserver' multiprocessing start method.");
 }
 
-void StreamSlotPool::validateIndex(StreamIndex index, const char* arg) const {
-  TORCH_CHECK(
-      index >= 0 && index < kStreamsPerPool,
-      "MPS stream index out of range: ",
-      arg,
-      "=",
-      index,
-      ", expected 0 <= ",
-      arg,
-      " < ",
-      kStreamsPerPool);
-}
-
 StreamIndex StreamSlotPool::currentIndexSlow() {
   checkNotForked();
   ThreadBindings::Binding& b = tls_bindings.find(*this);
@@ -296,7 +270,7 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
   slot_freed_.notifyOne();
 }
 
-// Stream guards (CurrentStreamGuard, c10's StreamGuard, torch.mps.stream)
+// Stream guards (c10::StreamGuard, torch.mps.stream)
 // exchange a slot in and later exchange the previous one back, through the
 // same call as set_stream(). An exchange back to the slot the last unmatched
 // exchange replaced undoes it; any other exchange is a new displacement.
@@ -305,7 +279,7 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
 // destructor (where an exhausted pool could only terminate).
 StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   checkNotForked();
-  validateIndex(index, "index");
+  checkStreamIndex(index);
   const StreamIndex previous = currentIndex(); // a first use leases
   ThreadBindings::Binding& b = tls_bindings.find(*this);
   if (!b.displaced.empty() && b.displaced.back() == index) {

@@ -1,10 +1,5 @@
 #pragma once
 
-// Portable stream pool for the MPS backend: slot leasing, the per-thread
-// current stream and lazy stream creation. No Objective-C and no Metal here:
-// PyTorch instantiates StreamPool<MPSStream> and the standalone harness
-// instantiates it with a simulated stream, from this same file.
-
 #include <ATen/mps/MPSThreadAnnotations.h>
 #include <c10/macros/Export.h>
 #include <c10/macros/Macros.h>
@@ -22,27 +17,23 @@ namespace at::mps {
 
 // Note [MPS stream pool]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// A process has kStreamsPerPool MPS streams, each with its own command queue.
-// Slot 0 is the default stream; slots 1..kStreamsPerPool-1 are worker
-// streams. Streams are created lazily, exactly once, on first use of their
-// slot; a failed creation leaves the slot empty so a later call can retry.
+// A process has kStreamsPerPool MPS streams, each with its own command queue:
+// slot 0 is the default stream, the others are worker streams. A stream is
+// created on first use of its slot, exactly once; a failed creation leaves the
+// slot empty for a later retry. The pool is templated on the stream type, so
+// the harness runs this same code over a simulated stream.
 //
-// Every thread has a current stream (thread-local, see Note [MPS current
-// stream]). The process's main thread starts on the default stream. Any other
-// thread, on first use, leases a free worker slot *exclusively*: no other
-// thread gets that slot from the lease path until the lease comes back, when
-// the thread exits or calls releaseCurrentThreadSlot(). When all worker slots
-// are leased, the policy read from MPS_STREAM_POOL_WAIT_TIMEOUT_MS decides
-// (see ExhaustionPolicy).
+// The main thread starts on the default stream (Note [MPS current stream]).
+// Any other thread, on first use, leases a free worker slot exclusively until
+// it exits or calls releaseCurrentThreadSlot(); when all are leased,
+// MPS_STREAM_POOL_WAIT_TIMEOUT_MS decides (ExhaustionPolicy). Exclusivity is
+// a scheduling property, not a safety one: shared streams, getStreamFromPool(),
+// guards and tensors used from other threads still reach a stream from
+// several threads, so everything a stream does must be thread-safe.
 //
-// Exclusivity is a scheduling property, not a safety one: a stream can still
-// be reached by several threads at once (share mode, getStreamFromPool(),
-// guards, tensors used from other threads), so everything a stream does must
-// be safe under concurrent callers.
-//
-// The pool is shared by the whole process. The production pool is leaked on
-// purpose, as CUDA leaks its streams: static destructors may run after the
-// Metal runtime is gone, and threads may still hold leases at exit.
+// The production pool is leaked, as CUDA leaks its streams: static
+// destructors may run after the Metal runtime is gone, and threads may still
+// hold leases at exit.
 
 constexpr int kStreamsPerPool = 32;
 constexpr int kDefaultStreamIndex = 0;
@@ -51,6 +42,15 @@ constexpr int kWorkerStreams = kStreamsPerPool - 1;
 // Index of a slot in the pool, in [0, kStreamsPerPool).
 using StreamIndex = int;
 
+inline void checkStreamIndex(StreamIndex index) {
+  TORCH_CHECK(
+      index >= 0 && index < kStreamsPerPool,
+      "MPS stream index out of range: index=",
+      index,
+      ", expected 0 <= index < ",
+      kStreamsPerPool);
+}
+
 // Note [MPS stream ids]
 // ~~~~~~~~~~~~~~~~~~~~~
 // A c10::Stream for MPS carries the pool slot index as its StreamId:
@@ -58,9 +58,8 @@ using StreamIndex = int;
 //   bit 63 .............................. 5 4 ........ 0
 //   |              always zero             | slot index |
 //
-// so id 0 is the default stream (the id v2.9.1 used for its single stream)
-// and the sign bit stays clear. Any other id is rejected with an error that
-// names it.
+// so id 0 is the default stream (v2.9.1's single stream) and the sign bit
+// stays clear. Any other id is rejected with an error that names it.
 constexpr int kStreamIdIndexBits = 5;
 static_assert(
     kStreamsPerPool <= (1 << kStreamIdIndexBits),
@@ -74,15 +73,10 @@ constexpr const char* kWaitTimeoutEnvVar = "MPS_STREAM_POOL_WAIT_TIMEOUT_MS";
 
 // What a thread's first use does when every worker slot is leased.
 enum class ExhaustionPolicy {
-  // Unset variable: hand out a worker stream round-robin, shared with other
-  // threads (CUDA-style oversubscription). Never fails.
-  kShare,
-  // "0": throw at once.
-  kThrow,
-  // "-1": block until a slot is released.
-  kWait,
-  // "N" (N > 0): block up to N ms, then throw.
-  kWaitTimeout,
+  kShare, // unset: share a worker stream round-robin, as CUDA; never fails
+  kThrow, // "0": throw at once
+  kWait, // "-1": block until a slot is released
+  kWaitTimeout, // "N" > 0: block up to N ms, then throw
 };
 
 struct ExhaustionConfig {
@@ -90,32 +84,28 @@ struct ExhaustionConfig {
   std::chrono::milliseconds timeout{0}; // used by kWaitTimeout only
 };
 
-// Parses the value of MPS_STREAM_POOL_WAIT_TIMEOUT_MS. nullptr or "" means
-// unset. Accepts a decimal integer >= -1 that fits in 32 bits; anything else
-// throws an error naming the variable and the accepted forms.
+// Parses MPS_STREAM_POOL_WAIT_TIMEOUT_MS (nullptr or "": unset): a decimal
+// integer >= -1 that fits in 32 bits, else an error naming the accepted forms.
 TORCH_API ExhaustionConfig parseExhaustionConfig(const char* value);
 
 struct StreamPoolOptions {
   ExhaustionConfig exhaustion;
-  // Decides which thread starts on the default stream. Defaults to the
-  // process's main thread; tests substitute their own.
+  // Which thread starts on the default stream; unset: the process's main
+  // thread.
   std::function<bool()> is_main_thread;
 
-  // Reads MPS_STREAM_POOL_WAIT_TIMEOUT_MS once.
   static StreamPoolOptions fromEnvironment();
 };
 
 TORCH_API bool isProcessMainThread();
 
 namespace detail {
-// The binding of the pool the calling thread used last; see
-// Note [MPS current stream]. Constant-initialized and trivially
-// destructible, so reading it is a plain TLS load. MPSStreamPool.cpp writes
-// pool_id and current, always with stream = nullptr; StreamPool fills in
-// the stream of that slot, and only while pool_id and current still match.
-// If a shared library that merely inlines the readers ever held a separate
-// copy, that copy would stay empty and always take the checked slow path,
-// which is correct.
+// The binding of the pool the calling thread used last (Note [MPS current
+// stream]); constant-initialized and trivially destructible, so a read is a
+// plain TLS load. MPSStreamPool.cpp writes pool_id and current with stream =
+// nullptr; StreamPool fills in the slot's stream while both still match. A
+// separate copy in a library that only inlines the readers would stay empty
+// and always take the checked slow path, which is correct.
 struct SlotCache {
   uint64_t pool_id;
   int current; // StreamIndex; -1: no binding
@@ -126,15 +116,13 @@ inline thread_local SlotCache tls_slot_cache = {0, -1, nullptr};
 
 // Note [MPS current stream]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
-// Per thread and per pool, the thread's binding holds its current slot and
-// the slot it leases (if any). A trivially destructible thread_local caches
-// the binding of the pool the thread used last, so the fast path is: load the
-// cached pool id, compare, load the cached index. The full binding list lives
-// in a second thread_local whose destructor returns leases when the thread
-// exits. Bindings name pools by a process-unique id, never by address, so a
-// pool destroyed in a test and another built at the same address cannot be
-// confused; pools register in a process-wide table, and a thread that exits
-// after its pool is gone has nothing to return.
+// A thread's binding to a pool holds its current slot and its leased slot,
+// if any. The fast path reads a trivially destructible cache of the last
+// pool's binding: compare the pool id, load the index. The full list lives in
+// a second thread_local whose destructor returns leases at thread exit.
+// Bindings name pools by a process-unique id, never by address, so a test's
+// destroyed pool and a new one at the same address are never confused; a
+// thread exiting after its pool unregistered has nothing to return.
 class TORCH_API StreamSlotPool {
  public:
   explicit StreamSlotPool(StreamPoolOptions options);
@@ -162,28 +150,21 @@ class TORCH_API StreamSlotPool {
   // Round-robin over worker slots; never leases (CUDA's getStreamFromPool).
   StreamIndex nextPoolIndex();
 
-  // Returns the calling thread's lease, if it holds one, and resets its
-  // current slot; the next use leases again. No-op for a thread without one;
-  // raises inside a stream guard or after set_stream() to another stream
+  // Returns the calling thread's lease, if any; its next use leases again.
+  // Raises inside a stream guard or after set_stream() to another stream
   // (see exchangeCurrentIndex() in the .cpp).
   void releaseCurrentThreadSlot();
 
-  // Number of worker slots currently leased.
   int leasedSlots() const MPS_EXCLUDES(mu_);
-  // Whether the calling thread holds a lease on this pool.
   bool currentThreadHoldsLease() const;
-  const ExhaustionConfig& exhaustion() const {
-    return options_.exhaustion;
-  }
 
-  // Called with the slot index each time a lease comes back (from the
-  // returning thread, before the slot is offered to other threads), so the
-  // owner can flush work left on that stream.
+  // Called by the returning thread with each lease's slot before the slot is
+  // offered again, so the owner can flush work left on that stream.
   void setReleaseHook(std::function<void(StreamIndex)> hook);
 
-  // Raises a clear error in a child process forked after this pool was made.
-  // currentIndex() needs no such check on its fast path: the only thread
-  // that survives fork() has its cache cleared by the child handler.
+  // Raises in a child process forked after this pool was made. The fast path
+  // of currentIndex() needs no check: the child handler clears the cache of
+  // the only thread that survives fork().
   void checkNotForked() const {
     if (C10_UNLIKELY(
             fork_generation_ !=
@@ -197,8 +178,7 @@ class TORCH_API StreamSlotPool {
     StreamIndex index;
     bool leased; // false: a shared stream handed out on exhaustion
   };
-  // Bumped in the child of every fork(); constant-initialized so the fast
-  // path reads it without a guard.
+  // Bumped in the child of every fork().
   static std::atomic<uint64_t> fork_generation_counter_;
   static void onForkChild();
   [[noreturn]] static void failForked();
@@ -206,9 +186,7 @@ class TORCH_API StreamSlotPool {
 
   StreamIndex currentIndexSlow();
   Acquired acquireWorkerSlot() MPS_EXCLUDES(mu_);
-  // Returns a leased slot to the free list (thread exit or explicit release).
   void returnSlot(StreamIndex index) MPS_EXCLUDES(mu_);
-  void validateIndex(StreamIndex index, const char* arg) const;
 
   const uint64_t id_;
   const uint64_t fork_generation_;
@@ -227,12 +205,10 @@ template <typename StreamT>
 class StreamBackend {
  public:
   virtual ~StreamBackend() = default;
-  // Creates the stream for `index`. May throw; returning null counts as a
-  // failure too. Either way the slot stays creatable.
+  // May throw or return null; either way the slot stays creatable.
   virtual std::unique_ptr<StreamT> create(StreamIndex index) = 0;
-  // Waits for all work submitted to `stream`.
   virtual void synchronize(StreamT& stream) = 0;
-  // A lease on `stream` came back; commit what its last owner left.
+  // Commits what the last owner of a returned lease left.
   virtual void onLeaseReleased(StreamT& stream) = 0;
 };
 
@@ -260,12 +236,7 @@ class StreamPool {
 
   StreamT& stream(StreamIndex index) {
     slots_.checkNotForked();
-    TORCH_CHECK(
-        index >= 0 && index < kStreamsPerPool,
-        "MPS stream index out of range: index=",
-        index,
-        ", expected 0 <= index < ",
-        kStreamsPerPool);
+    checkStreamIndex(index);
     StreamT* s = streams_[index].load(std::memory_order_acquire);
     return C10_LIKELY(s != nullptr) ? *s : create(index);
   }
@@ -304,7 +275,6 @@ class StreamPool {
     }
   }
 
-  // Waits for the work of every created stream; see Note [MPS stream pool].
   void synchronizeAll() {
     forEachCreatedStream(
         [this](StreamIndex, StreamT& s) { backend_->synchronize(s); });
@@ -366,28 +336,6 @@ class StreamPool {
   OwnedStreams streams_;
   StreamSlotPool slots_;
   Mutex create_mu_;
-};
-
-// RAII: makes a slot current for the calling thread and restores the
-// previous one on scope exit, like c10::cuda::CUDAStreamGuard.
-template <typename Pool>
-class CurrentStreamGuard {
- public:
-  CurrentStreamGuard(Pool& pool, StreamIndex index)
-      : pool_(pool), previous_(pool.exchangeCurrentIndex(index)) {}
-  ~CurrentStreamGuard() {
-    pool_.exchangeCurrentIndex(previous_);
-  }
-  CurrentStreamGuard(const CurrentStreamGuard&) = delete;
-  CurrentStreamGuard& operator=(const CurrentStreamGuard&) = delete;
-
-  StreamIndex previous() const {
-    return previous_;
-  }
-
- private:
-  Pool& pool_;
-  const StreamIndex previous_;
 };
 
 } // namespace at::mps
