@@ -22,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -29,6 +30,18 @@ namespace {
 
 constexpr int kLive = 4;
 constexpr std::array<size_t, 4> kSizes = {4096, 16384, 65536, 262144};
+
+// PyTorch processes are multi-threaded. glibc (2.34 and later) skips the
+// atomic instructions of pthread_mutex_lock/unlock until a process first
+// creates a thread, so without this the first benchmarks to run (V291Model
+// at 1 thread, or both variants under --benchmark_filter='threads:1$') would
+// lock without a single atomic read-modify-write, and a variant running after
+// any multi-threaded benchmark would pay them: the ratio would depend on the
+// filter.
+[[maybe_unused]] const bool multi_threaded = [] {
+  std::thread([] {}).join();
+  return true;
+}();
 
 // Unique, never-dereferenced addresses.
 std::atomic<uintptr_t> next_address{0x10000};
