@@ -49,25 +49,20 @@ void* newAddress() {
   return reinterpret_cast<void*>(next_address.fetch_add(4096));
 }
 
-struct BenchBackend {
-  using Buffer = void*;
-  struct BlockData {};
-  Buffer allocate(int, size_t, bool, BlockData&) {
+class BenchBackend : public at::mps::AllocatorBackend {
+ public:
+  void* allocate(int, size_t, bool) override {
     return newAddress();
   }
-  void release(int, const Buffer&, BlockData&) {}
-  const void* key(const Buffer& b) const {
-    return b;
+  void release(int, void*) override {}
+  const void* key(void* buffer) const override {
+    return buffer;
   }
-  bool gpuReferenced(const Buffer&) const {
+  bool gpuReferenced(void*) const override {
     return false;
   }
-  size_t deviceAllocatedSize() const {
+  size_t deviceAllocatedSize() const override {
     return 0;
-  }
-  void onAllocationFailed() {}
-  std::string outOfMemoryHint() const {
-    return {};
   }
 };
 
@@ -96,7 +91,7 @@ class PerPool {
   __attribute__((noinline)) void* malloc(
       size_t size,
       at::mps::StreamIndex stream) {
-    return core_.malloc(0, size, size, stream);
+    return core_.malloc(0, size, stream);
   }
   __attribute__((noinline)) void free(void* p) {
     core_.free(p);
@@ -114,7 +109,7 @@ class PerPool {
   }
   BenchBackend backend_;
   IdleTimelines timelines_;
-  at::mps::CachingAllocatorCore<BenchBackend> core_;
+  at::mps::CachingAllocatorCore core_;
 };
 
 // v2.9.1's structure: every call under one recursive mutex.
