@@ -70,7 +70,7 @@ def run(program, benchmark, function):
         subprocess.run(
             ["valgrind", "--tool=callgrind", "--dump-instr=yes", "--compress-strings=no", "--compress-pos=no",
              f"--callgrind-out-file={out}", f"--toggle-collect=*{function}*", program,
-             f"--benchmark_filter=^{re.escape(benchmark)}$", "--benchmark_min_time=0.02"],
+             f"--benchmark_filter=^{re.escape(benchmark)}$", "--benchmark_min_time=0.2"],
             capture_output=True, text=True, check=True)
         counts = instruction_counts(out)
     # Calls: executions of the function's entry point.

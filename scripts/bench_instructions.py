@@ -59,7 +59,7 @@ def per_call(program, benchmark, function):
         run = subprocess.run(
             ["valgrind", "--tool=callgrind", "--compress-strings=yes", f"--callgrind-out-file={out}",
              f"--toggle-collect=*{re.split('[/<]', benchmark)[0]}*", program,
-             f"--benchmark_filter=^{re.escape(benchmark)}$", "--benchmark_min_time=0.02"],
+             f"--benchmark_filter=^{re.escape(benchmark)}$", "--benchmark_min_time=0.2"],
             capture_output=True, text=True)
         if run.returncode != 0 or not os.path.exists(out):
             sys.exit(f"error: {benchmark} did not run under callgrind:\n{run.stderr[-2000:]}")

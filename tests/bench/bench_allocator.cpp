@@ -87,14 +87,19 @@ class IdleTimelines : public at::mps::StreamTimelines {
 class PerPool {
  public:
   PerPool() : core_(backend_, timelines_, pools()) {}
-  // Out of line, so that scripts/bench_instructions.py can count them.
+  // Out of line, so that scripts/bench_instructions.py can count them, and
+  // with no tail call into the core, which callgrind would not count as
+  // part of them.
   __attribute__((noinline)) void* malloc(
       size_t size,
       at::mps::StreamIndex stream) {
-    return core_.malloc(0, size, stream);
+    void* buffer = core_.malloc(0, size, stream);
+    benchmark::DoNotOptimize(buffer);
+    return buffer;
   }
   __attribute__((noinline)) void free(void* p) {
     core_.free(p);
+    benchmark::ClobberMemory();
   }
 
  private:

@@ -14,7 +14,8 @@ namespace at::mps {
 // No global lock. Each pool has
 //   Pool::mu         its free set, its pending fences, and the backend's
 //                    device allocations and releases for that pool;
-//   StreamCache::mu  one per (pool, stream): that stream's cached blocks;
+//   StreamCache::mu  one per (pool, stream): that stream's cached blocks
+//                    (a CacheLock, see Note [MPS allocator stream-cache lock]);
 // and the allocated-block table is split into shards by pointer:
 //   Shard::mu        its pointer -> block map and the owner-visible state of
 //                    those blocks (uses, active flag, backend payload).
@@ -250,13 +251,14 @@ void CachingAllocatorCore::free(const void* key) {
   if (uses == bit(stream) && p.options.same_stream_reuse) {
     const uint64_t fence = timelines_.pendingPoint(stream);
     StreamCache& cache = p.caches[stream];
-    MutexLock lock(cache.mu);
+    CacheLockGuard lock(cache.mu);
     b->fence = fence;
     b->cached_at = now;
     insertBlock(cache.blocks, b);
     ++cache.frees;
     cache.allocated_bytes -= static_cast<int64_t>(size);
-    if (!(p.cached_streams.load() & bit(stream))) {
+    // This stream's bit changes only under its cache lock, held here.
+    if (!(p.cached_streams.load(std::memory_order_relaxed) & bit(stream))) {
       p.cached_streams.fetch_or(bit(stream));
     }
     return;
@@ -307,7 +309,7 @@ void CachingAllocatorCore::emptyCache() {
     }
     for (StreamIndex s : streamsIn(p->cached_streams.load())) {
       StreamCache& cache = p->caches[s];
-      MutexLock lock(cache.mu);
+      CacheLockGuard lock(cache.mu);
       for (Block* b : cache.blocks) {
         need[s] = std::max(need[s], b->fence);
       }
@@ -343,7 +345,7 @@ AllocatorStats CachingAllocatorCore::stats() const {
   s.stream_steals = stream_steals_.load();
   for (const auto& p : pools_) {
     for (auto& cache : p->caches) {
-      MutexLock lock(cache.mu);
+      CacheLockGuard lock(cache.mu);
       s.mallocs += cache.hits;
       s.cache_hits += cache.hits;
       s.frees += cache.frees;
@@ -384,7 +386,7 @@ AllocatorCensus CachingAllocatorCore::census() {
       }
     }
     for (auto& cache : p->caches) {
-      MutexLock lock(cache.mu);
+      CacheLockGuard lock(cache.mu);
       for (Block* b : cache.blocks) {
         count(c.stream_cached_bytes, b);
       }
@@ -435,7 +437,7 @@ CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
     bool* own_cache) {
   if (p.options.same_stream_reuse) {
     StreamCache& cache = p.caches[stream];
-    MutexLock lock(cache.mu);
+    CacheLockGuard lock(cache.mu);
     if (Block* b = takeFit(
             cache.blocks, size, pressure, p.options.max_oversize, any)) {
       ++cache.hits;
@@ -470,7 +472,7 @@ CachingAllocatorCore::Block* CachingAllocatorCore::steal(
   for (StreamIndex s : streamsIn(p.cached_streams.load() & ~bit(stream))) {
     const uint64_t done = refreshCompleted(s);
     StreamCache& cache = p.caches[s];
-    MutexLock lock(cache.mu);
+    CacheLockGuard lock(cache.mu);
     if (cache.blocks.empty()) {
       p.cached_streams.fetch_and(~bit(s));
       continue;
@@ -723,7 +725,7 @@ size_t CachingAllocatorCore::releaseCompleted(
     }
     const uint64_t done = refreshCompleted(s);
     StreamCache& cache = p.caches[s];
-    MutexLock lock(cache.mu);
+    CacheLockGuard lock(cache.mu);
     take(cache.blocks, [&](const Block* b) { return b->fence <= done; });
   }
   releaseBlocks(p, victims);
