@@ -203,7 +203,12 @@ CachingAllocatorCore::~CachingAllocatorCore() {
 }
 
 void* CachingAllocatorCore::malloc(int pool, size_t size, StreamIndex stream) {
-  checkPool(pool, "pool");
+  TORCH_CHECK(
+      pool >= 0 && static_cast<size_t>(pool) < pools_.size(),
+      "MPS allocator: pool=",
+      pool,
+      " is out of range, expected 0 <= pool < ",
+      pools_.size());
   checkStream(stream);
   TORCH_CHECK(size > 0, "MPS allocator: malloc() of size 0");
   Pool& p = *pools_[pool];
@@ -393,19 +398,6 @@ AllocatorCensus CachingAllocatorCore::census() {
     }
   }
   return c;
-}
-
-void CachingAllocatorCore::checkPool(int pool, const char* arg) const {
-  TORCH_CHECK(
-      pool >= 0 && static_cast<size_t>(pool) < pools_.size(),
-      "MPS allocator: ",
-      arg,
-      "=",
-      pool,
-      " is out of range, expected 0 <= ",
-      arg,
-      " < ",
-      pools_.size());
 }
 
 CachingAllocatorCore::Shard& CachingAllocatorCore::shardFor(const void* key) {

@@ -350,7 +350,6 @@ class CachingAllocatorCore {
   Shard& shardFor(const void* key);
   Block* activeBlockLocked(Shard& shard, const void* key, const char* op)
       MPS_REQUIRES(shard.mu);
-  void checkPool(int pool, const char* arg) const;
   bool memoryPressure() const;
   uint64_t refreshCompleted(StreamIndex s);
   Block* findCached(
