@@ -15,7 +15,6 @@ Same arguments and build as scripts/bench_instructions.py (x86-64 only).
 Prints, per argument, RMWs per call and where they were executed.
 """
 
-import argparse
 import collections
 import os
 import re
@@ -23,7 +22,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_instructions import specs
+
 RMW = re.compile(r"\block\b|\bxchg\w*\s+[^,]*\(|\bxchg\w*\s+\S*,\S*\(")
 
 
@@ -97,14 +97,8 @@ def run(program, benchmark, function):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--build", default=os.path.join(ROOT, "build", "callgrind", "tests", "bench"))
-    p.add_argument("specs", nargs="+", metavar="PROGRAM:BENCHMARK@FUNCTION")
-    args = p.parse_args()
-    for spec in args.specs:
-        program, rest = spec.split(":", 1)
-        benchmark, function = rest.split("@", 1)
-        calls, sites = run(os.path.join(args.build, program), benchmark, function)
+    for program, benchmark, function in specs(__doc__):
+        calls, sites = run(program, benchmark, function)
         total = sum(sites.values())
         print(f"{benchmark} {function}: {total / calls:.2f} atomic RMWs per call ({calls} calls)")
         for (fn, insn), n in sorted(sites.items(), key=lambda kv: -kv[1]):

@@ -69,15 +69,21 @@ def per_call(program, benchmark, function):
     return cost / calls, calls
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def specs(doc):
+    """(program path, benchmark, function) for each argument; see the usage above."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default=os.path.join(ROOT, "build", "callgrind", "tests", "bench"))
     p.add_argument("specs", nargs="+", metavar="PROGRAM:BENCHMARK:FUNCTION")
     args = p.parse_args()
     for spec in args.specs:
         program, rest = spec.split(":", 1)
         benchmark, function = rest.split("@", 1) if "@" in rest else rest.rsplit(":", 1)
-        per, calls = per_call(os.path.join(args.build, program), benchmark, function)
+        yield os.path.join(args.build, program), benchmark, function
+
+
+def main():
+    for program, benchmark, function in specs(__doc__):
+        per, calls = per_call(program, benchmark, function)
         print(f"{benchmark} {function}: {per:.1f} instructions per call ({calls} calls)")
 
 

@@ -348,6 +348,14 @@ AllocatorStats CachingAllocatorCore::stats() const {
   s.frees = other_frees_.load();
   s.cache_hits = other_hits_.load();
   s.stream_steals = stream_steals_.load();
+  s.device_allocs = device_allocs_.load();
+  s.device_releases = device_releases_.load();
+  s.gc_releases = gc_releases_.load();
+  s.oom_retries = oom_retries_.load();
+  s.ooms = ooms_.load();
+  s.commit_requests = commit_requests_.load();
+  s.handlers_registered = handlers_registered_.load();
+  s.handlers_run = handlers_run_.load();
   for (const auto& p : pools_) {
     for (auto& cache : p->caches) {
       CacheLockGuard lock(cache.mu);
@@ -357,14 +365,6 @@ AllocatorStats CachingAllocatorCore::stats() const {
       s.allocated_bytes += cache.allocated_bytes;
     }
   }
-  s.device_allocs = device_allocs_.load();
-  s.device_releases = device_releases_.load();
-  s.gc_releases = gc_releases_.load();
-  s.oom_retries = oom_retries_.load();
-  s.ooms = ooms_.load();
-  s.commit_requests = commit_requests_.load();
-  s.handlers_registered = handlers_registered_.load();
-  s.handlers_run = handlers_run_.load();
   return s;
 }
 
