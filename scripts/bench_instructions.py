@@ -59,7 +59,7 @@ def per_call(program, benchmark, function):
         run = subprocess.run(
             ["valgrind", "--tool=callgrind", "--compress-strings=yes", f"--callgrind-out-file={out}",
              f"--toggle-collect=*{re.split('[/<]', benchmark)[0]}*", program,
-             f"--benchmark_filter=^{re.escape(benchmark)}$", "--benchmark_min_time=0.02"],
+             f"--benchmark_filter=^{re.escape(benchmark)}$", "--benchmark_min_time=0.2"],
             capture_output=True, text=True)
         if run.returncode != 0 or not os.path.exists(out):
             sys.exit(f"error: {benchmark} did not run under callgrind:\n{run.stderr[-2000:]}")
@@ -69,15 +69,21 @@ def per_call(program, benchmark, function):
     return cost / calls, calls
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def specs(doc):
+    """(program path, benchmark, function) for each argument; see the usage above."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default=os.path.join(ROOT, "build", "callgrind", "tests", "bench"))
     p.add_argument("specs", nargs="+", metavar="PROGRAM:BENCHMARK:FUNCTION")
     args = p.parse_args()
     for spec in args.specs:
         program, rest = spec.split(":", 1)
         benchmark, function = rest.split("@", 1) if "@" in rest else rest.rsplit(":", 1)
-        per, calls = per_call(os.path.join(args.build, program), benchmark, function)
+        yield os.path.join(args.build, program), benchmark, function
+
+
+def main():
+    for program, benchmark, function in specs(__doc__):
+        per, calls = per_call(program, benchmark, function)
         print(f"{benchmark} {function}: {per:.1f} instructions per call ({calls} calls)")
 
 

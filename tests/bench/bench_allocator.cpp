@@ -22,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -30,31 +31,38 @@ namespace {
 constexpr int kLive = 4;
 constexpr std::array<size_t, 4> kSizes = {4096, 16384, 65536, 262144};
 
+// PyTorch processes are multi-threaded. glibc (2.34 and later) skips the
+// atomic instructions of pthread_mutex_lock/unlock until a process first
+// creates a thread, so without this the first benchmarks to run (V291Model
+// at 1 thread, or both variants under --benchmark_filter='threads:1$') would
+// lock without a single atomic read-modify-write, and a variant running after
+// any multi-threaded benchmark would pay them: the ratio would depend on the
+// filter.
+[[maybe_unused]] const bool multi_threaded = [] {
+  std::thread([] {}).join();
+  return true;
+}();
+
 // Unique, never-dereferenced addresses.
 std::atomic<uintptr_t> next_address{0x10000};
 void* newAddress() {
   return reinterpret_cast<void*>(next_address.fetch_add(4096));
 }
 
-struct BenchBackend {
-  using Buffer = void*;
-  struct BlockData {};
-  Buffer allocate(int, size_t, bool, BlockData&) {
+class BenchBackend : public at::mps::AllocatorBackend {
+ public:
+  void* allocate(int, size_t, bool) override {
     return newAddress();
   }
-  void release(int, const Buffer&, BlockData&) {}
-  const void* key(const Buffer& b) const {
-    return b;
+  void release(int, void*) override {}
+  const void* key(void* buffer) const override {
+    return buffer;
   }
-  bool gpuReferenced(const Buffer&) const {
+  bool gpuReferenced(void*) const override {
     return false;
   }
-  size_t deviceAllocatedSize() const {
+  size_t deviceAllocatedSize() const override {
     return 0;
-  }
-  void onAllocationFailed() {}
-  std::string outOfMemoryHint() const {
-    return {};
   }
 };
 
@@ -79,14 +87,19 @@ class IdleTimelines : public at::mps::StreamTimelines {
 class PerPool {
  public:
   PerPool() : core_(backend_, timelines_, pools()) {}
-  // Out of line, so that scripts/bench_instructions.py can count them.
+  // Out of line, so that scripts/bench_instructions.py can count them, and
+  // with no tail call into the core, which callgrind would not count as
+  // part of them.
   __attribute__((noinline)) void* malloc(
       size_t size,
       at::mps::StreamIndex stream) {
-    return core_.malloc(0, size, size, stream);
+    void* buffer = core_.malloc(0, size, stream);
+    benchmark::DoNotOptimize(buffer);
+    return buffer;
   }
   __attribute__((noinline)) void free(void* p) {
     core_.free(p);
+    benchmark::ClobberMemory();
   }
 
  private:
@@ -101,7 +114,7 @@ class PerPool {
   }
   BenchBackend backend_;
   IdleTimelines timelines_;
-  at::mps::CachingAllocatorCore<BenchBackend> core_;
+  at::mps::CachingAllocatorCore core_;
 };
 
 // v2.9.1's structure: every call under one recursive mutex.

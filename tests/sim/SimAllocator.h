@@ -23,17 +23,12 @@ namespace sim {
 
 // Device memory on the simulated device, with a capacity in bytes that is
 // exact under concurrency (a failed allocation never overshoots it).
-class SimAllocatorBackend {
+class SimAllocatorBackend : public at::mps::AllocatorBackend {
  public:
-  using Buffer = BufferPtr;
-  struct BlockData {
-    uint64_t tag = 0; // free for tests (stands in for shape, cpu_ptr, ...)
-  };
-
   explicit SimAllocatorBackend(Device& device, size_t capacity = SIZE_MAX)
       : device_(device), capacity_(capacity) {}
 
-  Buffer allocate(int, size_t size, bool, BlockData&) {
+  void* allocate(int, size_t size, bool) override {
     size_t used = used_.load();
     do {
       if (size > capacity_ || used > capacity_ - size) {
@@ -41,51 +36,56 @@ class SimAllocatorBackend {
         return nullptr;
       }
     } while (!used_.compare_exchange_weak(used, used + size));
-    Buffer buffer = device_.newBuffer(1);
+    BufferPtr buffer = device_.newBuffer(1);
     std::lock_guard<std::mutex> lock(mu_);
-    sizes_[buffer.get()] = size;
-    return buffer;
+    live_[buffer.get()] = {size, buffer};
+    return buffer.get();
   }
-  void release(int, const Buffer& buffer, BlockData&) {
+  void release(int, void* buffer) override {
     // The allocator releases only memory the GPU is done with.
-    if (buffer->retainCount() > 1) {
+    if (gpuReferenced(buffer)) {
       device_.violation("allocator released a buffer still held by the GPU");
     }
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = sizes_.find(buffer.get());
-    if (it == sizes_.end()) {
+    auto it = live_.find(buffer);
+    if (it == live_.end()) {
       device_.violation("allocator released a buffer twice");
       return;
     }
-    used_.fetch_sub(it->second);
-    sizes_.erase(it);
+    used_.fetch_sub(it->second.first);
+    live_.erase(it);
   }
-  const void* key(const Buffer& buffer) const {
-    return buffer.get();
+  const void* key(void* buffer) const override {
+    return buffer;
   }
-  bool gpuReferenced(const Buffer& buffer) const {
-    return buffer->retainCount() > 1;
+  bool gpuReferenced(void* buffer) const override {
+    return static_cast<Buffer*>(buffer)->retainCount() > 1;
   }
-  size_t deviceAllocatedSize() const {
+  size_t deviceAllocatedSize() const override {
     return used_.load();
   }
-  void onAllocationFailed() {
+  void onAllocationFailed() override {
     if (on_allocation_failed) {
       on_allocation_failed();
     }
   }
-  std::string outOfMemoryHint() const {
+  std::string outOfMemoryHint() const override {
     return " (simulated device capacity: " + std::to_string(capacity_) +
         " bytes)";
   }
 
+  // The live buffer behind a handle the allocator returned.
+  BufferPtr buffer(void* handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_.at(handle).second;
+  }
   // Bytes and buffers currently held on the device.
   size_t used() const {
     return used_.load();
   }
   size_t live() {
     std::lock_guard<std::mutex> lock(mu_);
-    return sizes_.size();
+    return live_.size();
   }
   uint64_t failedAllocations() const {
     return failed_allocations_.load();
@@ -99,7 +99,8 @@ class SimAllocatorBackend {
   std::atomic<size_t> used_{0};
   std::atomic<uint64_t> failed_allocations_{0};
   std::mutex mu_;
-  std::map<const void*, size_t> sizes_; // live buffers
+  // Live buffers: size, and the reference that keeps them alive.
+  std::map<const void*, std::pair<size_t, BufferPtr>> live_;
 };
 
 // StreamTimelines over the SimStreams of a pool. requestCommit() is

@@ -19,7 +19,7 @@
 
 namespace harness {
 
-using AllocatorCore = at::mps::CachingAllocatorCore<sim::SimAllocatorBackend>;
+using AllocatorCore = at::mps::CachingAllocatorCore;
 
 // Pools like PyTorch's: hazard-tracked small and large pools, the large one
 // reacting to memory pressure, and an untracked scalar pool that the CPU
@@ -76,7 +76,7 @@ class AllocatorSimTest : public SimTest {
   // malloc on stream `s`, checked by the hazard detector: the scalar pool
   // hands memory to the CPU, the others to the stream's queue.
   sim::BufferPtr alloc(at::mps::StreamIndex s, size_t size, int pool = kSmall) {
-    sim::BufferPtr b = core_->malloc(pool, size, size, s);
+    sim::BufferPtr b = backend_->buffer(core_->malloc(pool, size, s));
     device().hazards().checkHandout(
         *b, pool == kScalar ? nullptr : &stream(s).queue());
     return b;
@@ -224,7 +224,7 @@ class AllocatorFakeTest : public SimTest {
     backend_.reset();
   }
   sim::BufferPtr alloc(at::mps::StreamIndex s, size_t size, int pool = kSmall) {
-    return core_->malloc(pool, size, size, s);
+    return backend_->buffer(core_->malloc(pool, size, s));
   }
   void release(const sim::BufferPtr& b) {
     core_->free(b.get());

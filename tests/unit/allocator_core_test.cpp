@@ -172,7 +172,7 @@ TEST_F(AllocatorFakeTest, NeverCallsIntoStreamsWhileHoldingAnAllocatorLock) {
     auto f = std::async(std::launch::async, [this, keys] {
       core_->census();
       for (const void* k : keys) {
-        core_->withBlock(k, [](auto*) {});
+        core_->withBuffer(k, [](auto*) {});
       }
     });
     if (f.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
@@ -244,13 +244,13 @@ TEST_F(
   const auto s = core_->stats();
   EXPECT_EQ(s.gc_releases, 1u);
   EXPECT_EQ(s.device_releases, 1u);
-  EXPECT_FALSE(core_->withBlock(x[0].get(), [](auto* b) {
+  EXPECT_FALSE(core_->withBuffer(x[0].get(), [](auto* b) {
     return b != nullptr;
   })) << "the oldest block goes first";
   EXPECT_TRUE(
-      core_->withBlock(x[1].get(), [](auto* b) { return b != nullptr; }));
+      core_->withBuffer(x[1].get(), [](auto* b) { return b != nullptr; }));
   EXPECT_TRUE(
-      core_->withBlock(x[2].get(), [](auto* b) { return b != nullptr; }));
+      core_->withBuffer(x[2].get(), [](auto* b) { return b != nullptr; }));
   release(big);
   release(x[3]);
 }
@@ -378,13 +378,13 @@ TEST_F(AllocatorFakeTest, StatisticsAreExact) {
 
 TEST_F(AllocatorFakeTest, RejectsBadArgumentsNamingThem) {
   build();
-  EXPECT_TORCH_ERROR(core_->malloc(3, 16, 16, 1), "pool=3 is out of range");
-  EXPECT_TORCH_ERROR(core_->malloc(-1, 16, 16, 1), "pool=-1 is out of range");
+  EXPECT_TORCH_ERROR(core_->malloc(3, 16, 1), "pool=3 is out of range");
+  EXPECT_TORCH_ERROR(core_->malloc(-1, 16, 1), "pool=-1 is out of range");
   EXPECT_TORCH_ERROR(
-      core_->malloc(kSmall, 16, 16, 32), "stream=32 is not a stream index");
+      core_->malloc(kSmall, 16, 32), "stream=32 is not a stream index");
   EXPECT_TORCH_ERROR(
-      core_->malloc(kSmall, 16, 16, -1), "stream=-1 is not a stream index");
-  EXPECT_TORCH_ERROR(core_->malloc(kSmall, 0, 0, 1), "malloc() of size 0");
+      core_->malloc(kSmall, 16, -1), "stream=-1 is not a stream index");
+  EXPECT_TORCH_ERROR(core_->malloc(kSmall, 0, 1), "malloc() of size 0");
   int foreign = 0;
   EXPECT_TORCH_ERROR(core_->free(&foreign), "not an allocated block");
   auto a = alloc(1, 16);

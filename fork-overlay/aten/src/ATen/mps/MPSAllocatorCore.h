@@ -2,28 +2,24 @@
 
 // Portable core of the MPS caching allocator: pools, locking, pending frees,
 // stream uses and the reuse rule. No Objective-C and no Metal here: PyTorch
-// instantiates CachingAllocatorCore with a backend over MTLHeap/MTLBuffer and
-// MPSStream, the harness with the simulated runtime, from this same file.
+// gives CachingAllocatorCore a backend over MTLHeap/MTLBuffer and MPSStream,
+// the harness one over the simulated runtime.
 
 #include <ATen/mps/MPSStreamPool.h>
 #include <ATen/mps/MPSThreadAnnotations.h>
-#include <c10/macros/Macros.h>
-#include <c10/util/Exception.h>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
 namespace at::mps {
@@ -54,6 +50,81 @@ class StreamTimelines {
   // value. Used by emptyCache() and the out-of-memory path only; the caller
   // must not be inside the serial section of another stream.
   virtual void waitFor(StreamIndex stream, uint64_t value) = 0;
+};
+
+// The allocator's device memory. A buffer is an opaque handle, never null;
+// key(buffer) is the pointer users free. The allocator calls these under
+// its own locks (see Note [MPS allocator locking]), so they must not call
+// back into the allocator or into streams.
+class AllocatorBackend {
+ public:
+  virtual ~AllocatorBackend() = default;
+  // New device memory for `pool`, or nullptr when out of memory. Calls for
+  // one pool are serialised.
+  virtual void* allocate(int pool, size_t size, bool memory_pressure) = 0;
+  virtual void release(int pool, void* buffer) = 0;
+  virtual const void* key(void* buffer) const = 0;
+  // Whether the GPU may still reference the buffer; conservative.
+  virtual bool gpuReferenced(void* buffer) const = 0;
+  // Compared with the low watermark.
+  virtual size_t deviceAllocatedSize() const = 0;
+  // Before the out-of-memory retries.
+  virtual void onAllocationFailed() {}
+  // Appended to the out-of-memory error.
+  virtual std::string outOfMemoryHint() const {
+    return {};
+  }
+  // Resets the buffer's payload (shapes, events) when its user frees it.
+  virtual void onFree(void* /*buffer*/) {}
+};
+
+// Note [MPS allocator stream-cache lock]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A stream cache is locked once by every malloc and once by every free on
+// the fast path, nearly always by the threads of its own stream, and its
+// critical sections are a few set operations on blocks that carry their own
+// set nodes: they never block, allocate, or call out of the allocator
+// (except gpuReferenced on the rare release paths). A std::mutex costs two
+// atomic read-modify-writes per critical section, since its unlock must
+// look for sleeping waiters; on large x86 cores those alone made a single-
+// threaded malloc/free pair 1.5x v2.9.1's. This lock costs one: an exchange
+// to acquire and a release store to release. A waiter spins on a plain
+// load, yields the CPU after a few rounds, and then sleeps between tries,
+// so a holder that was preempted gets to run whatever the priorities.
+class MPS_THREAD_ANNOTATION(capability("mutex")) CacheLock {
+ public:
+  void lock() MPS_ACQUIRE() {
+    for (int tries = 0; locked_.exchange(true, std::memory_order_acquire);) {
+      while (locked_.load(std::memory_order_relaxed)) {
+        if (++tries > 1000) {
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        } else if (tries > 50) {
+          std::this_thread::yield();
+        }
+      }
+    }
+  }
+  void unlock() MPS_RELEASE() {
+    locked_.store(false, std::memory_order_release);
+  }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
+class MPS_THREAD_ANNOTATION(scoped_lockable) CacheLockGuard {
+ public:
+  explicit CacheLockGuard(CacheLock& lock) MPS_ACQUIRE(lock) : lock_(lock) {
+    lock_.lock();
+  }
+  ~CacheLockGuard() MPS_RELEASE() {
+    lock_.unlock();
+  }
+  CacheLockGuard(const CacheLockGuard&) = delete;
+  CacheLockGuard& operator=(const CacheLockGuard&) = delete;
+
+ private:
+  CacheLock& lock_;
 };
 
 // Per-pool configuration.
@@ -147,67 +218,8 @@ struct AllocatorCensus {
 // Device memory is only ever released (GC, emptyCache, OOM retries) for
 // blocks whose fences have completed and that the backend reports as no
 // longer referenced by the GPU, so releasing never races with GPU work.
-
-// Note [MPS allocator locking]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// No global lock. Each pool has
-//   Pool::mu         its free set, its pending fences, and the backend's
-//                    device allocations and releases for that pool;
-//   StreamCache::mu  one per (pool, stream): that stream's cached blocks;
-// and the allocated-block table is split into shards by pointer:
-//   Shard::mu        its pointer -> block map and the owner-visible state of
-//                    those blocks (uses, active flag, backend payload).
-// Lock order: Pool::mu, then StreamCache::mu, then Shard::mu (declared with
-// MPS_ACQUIRED_BEFORE/AFTER; Clang checks it with -Wthread-safety-beta).
-// Today no path holds two of them at once: blocks move between containers
-// by being taken out under one lock and put in under the next, and while in
-// transit they belong to the moving thread alone.
-//
-// No allocator lock is held while calling StreamTimelines: stream calls may
-// take stream locks or wait for the GPU, and completion handlers take pool
-// locks, so holding a pool lock across one could deadlock. Backend calls run
-// under allocator locks (allocate and release under the pool's mutex, which
-// serialises them per pool; gpuReferenced under a pool or cache mutex) and
-// must not call back into the allocator or into streams.
-//
-// Statistics: device-memory counts are atomics (they change on the slow path
-// only). What the fast path changes (in-use bytes, malloc and free counts)
-// is counted in the stream cache, under the lock it holds anyway, and in
-// atomics on the other paths; stats() sums them. A block freed into another
-// counter than the one its malloc used leaves each counter off by its size,
-// but never the sum.
-
-// Note [MPS allocator block ownership]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A block is always owned by exactly one party, and its fields are accessed
-// only by that owner:
-//  - active (handed out): the user. `requested_size`, `stream` and `uses`
-//    are written by the malloc that hands it out before the user sees the
-//    pointer; `uses` and `data` change only under the block's shard mutex
-//    (recordStream, withBlock), which free() also takes.
-//  - cached (a stream cache, a pool's free set or its pending fences): that
-//    container, under its mutex (`fence`, `cached_at`, `outstanding`).
-//  - in transit between the two: the thread moving it.
-// `active` itself is a relaxed atomic so that a double free is diagnosed
-// without a data race.
-
-// Backend requirements (a type, not an interface, so calls inline):
-//   using Buffer;     copyable device-memory handle; Buffer{} is "none" and
-//                     converts to false
-//   using BlockData;  per-block payload, default-constructible
-//   Buffer allocate(int pool, size_t size, bool memory_pressure,
-//                   BlockData& data);     Buffer{} when out of memory
-//   void release(int pool, const Buffer& buffer, BlockData& data);
-//   const void* key(const Buffer& buffer) const;  the pointer users free
-//   bool gpuReferenced(const Buffer& buffer) const;  conservative
-//   size_t deviceAllocatedSize() const;   compared with the low watermark
-//   void onAllocationFailed();            before the out-of-memory retries
-//   std::string outOfMemoryHint() const;  appended to the out-of-memory error
-template <typename Backend>
 class CachingAllocatorCore {
  public:
-  using Buffer = typename Backend::Buffer;
-  using BlockData = typename Backend::BlockData;
   using StreamMask = uint32_t;
   static_assert(
       kStreamsPerPool <= 32,
@@ -219,31 +231,23 @@ class CachingAllocatorCore {
   // Best fit by size; ties by id so that the order is deterministic.
   struct BySize {
     using is_transparent = void;
-    bool operator()(const Block* a, const Block* b) const {
-      return a->size != b->size ? a->size < b->size : a->id < b->id;
-    }
-    bool operator()(const Block* a, size_t size) const {
-      return a->size < size;
-    }
-    bool operator()(size_t size, const Block* b) const {
-      return size < b->size;
-    }
+    bool operator()(const Block* a, const Block* b) const;
+    bool operator()(const Block* a, size_t size) const;
+    bool operator()(size_t size, const Block* b) const;
   };
   using BlockSet = std::set<Block*, BySize>;
 
  public:
   struct Block {
     // Fixed from device allocation to release.
-    Buffer buffer{};
+    void* buffer = nullptr;
     size_t size = 0;
     int pool = 0;
     uint64_t id = 0;
     // Owner-visible state; see Note [MPS allocator block ownership].
     std::atomic<bool> active{false};
-    size_t requested_size = 0;
     StreamIndex stream = kDefaultStreamIndex; // allocation stream
     StreamMask uses = 0; // includes `stream`
-    BlockData data{};
     // Cache state, guarded by the container that holds the block.
     uint64_t fence = 0; // stream cache: pendingPoint(stream) at free
     int64_t cached_at = 0; // when freed (ns), for GC ages
@@ -251,192 +255,50 @@ class CachingAllocatorCore {
     // The set node that held the block when it last left a BlockSet, kept
     // for its next insertion so that caching a block allocates nothing.
     // Empty while the block is in a set; owned like the cache state.
-    typename BlockSet::node_type node;
+    BlockSet::node_type node;
   };
 
   CachingAllocatorCore(
-      Backend& backend,
+      AllocatorBackend& backend,
       StreamTimelines& timelines,
-      std::vector<AllocatorPoolOptions> pools)
-      : backend_(backend), timelines_(timelines) {
-    TORCH_CHECK(!pools.empty(), "CachingAllocatorCore: `pools` is empty");
-    for (size_t i = 0; i < pools.size(); ++i) {
-      pools_.push_back(
-          std::make_unique<Pool>(static_cast<int>(i), std::move(pools[i])));
-    }
-  }
-
+      std::vector<AllocatorPoolOptions> pools);
   // Releases every block that is not handed out. Streams must be idle (no
   // completion handler of this allocator may still run); blocks still
   // handed out are leaked, as their owners may free them at process exit.
-  ~CachingAllocatorCore() {
-    std::vector<std::vector<Block*>> idle(pools_.size());
-    for (auto& shard : shards_) {
-      MutexLock lock(shard.mu);
-      for (auto& [key, b] : shard.blocks) {
-        if (!b->active.load(std::memory_order_relaxed)) {
-          idle[b->pool].push_back(b);
-        }
-      }
-    }
-    for (auto& p : pools_) {
-      releaseBlocks(*p, idle[p->index]);
-    }
-  }
+  ~CachingAllocatorCore();
   CachingAllocatorCore(const CachingAllocatorCore&) = delete;
   CachingAllocatorCore& operator=(const CachingAllocatorCore&) = delete;
 
-  // Hands out a block of `size` bytes (already rounded by the caller) from
-  // `pool` for use on `stream`. Raises "MPS backend out of memory" when the
-  // device has no memory left after every retry.
-  Buffer malloc(
-      int pool,
-      size_t size,
-      size_t requested_size,
-      StreamIndex stream) {
-    checkPool(pool, "pool");
-    checkStream(stream, "stream");
-    TORCH_CHECK(size > 0, "MPS allocator: malloc() of size 0");
-    Pool& p = *pools_[pool];
-    const bool pressure = p.options.pressure_aware && memoryPressure();
-    bool own_cache = false;
-    Block* b = findCached(p, size, stream, pressure, &own_cache);
-    const bool fresh = b == nullptr;
-    if (fresh) {
-      b = allocateBlock(p, size, stream, pressure, &own_cache);
-    }
-    if (!own_cache) {
-      other_mallocs_.fetch_add(1, std::memory_order_relaxed);
-      other_allocated_bytes_.fetch_add(
-          static_cast<int64_t>(b->size), std::memory_order_relaxed);
-    }
-    activate(*b, requested_size, stream, fresh);
-    return b->buffer;
-  }
-
+  // Hands out the buffer of a block of `size` bytes (already rounded by the
+  // caller) from `pool` for use on `stream`. Raises "MPS backend out of
+  // memory" when the device has no memory left after every retry.
+  void* malloc(int pool, size_t size, StreamIndex stream);
   // Returns the block `key` to the allocator; see Note [MPS allocator
-  // cross-stream reuse]. `on_free(block)` runs under the block's shard lock
-  // first (to reset backend payload such as shapes).
-  template <typename OnFree>
-  void free(const void* key, OnFree&& on_free) {
-    Block* b = nullptr;
-    StreamIndex stream = kDefaultStreamIndex;
-    StreamMask uses = 0;
-    {
-      Shard& shard = shardFor(key);
-      MutexLock lock(shard.mu);
-      b = activeBlockLocked(shard, key, "free()");
-      on_free(*b);
-      b->active.store(false, std::memory_order_relaxed);
-      stream = b->stream;
-      uses = b->uses;
-    }
-    Pool& p = *pools_[b->pool];
-    const size_t size = b->size;
-    const int64_t now = p.options.pressure_aware ? nowNs() : 0;
-
-    if (uses == bit(stream) && p.options.same_stream_reuse) {
-      const uint64_t fence = timelines_.pendingPoint(stream);
-      StreamCache& cache = p.caches[stream];
-      MutexLock lock(cache.mu);
-      b->fence = fence;
-      b->cached_at = now;
-      insertBlock(cache.blocks, b);
-      ++cache.frees;
-      cache.allocated_bytes -= static_cast<int64_t>(size);
-      if (!(p.cached_streams.load() & bit(stream))) {
-        p.cached_streams.fetch_or(bit(stream));
-      }
-      return;
-    }
-
-    std::array<uint64_t, kStreamsPerPool> points{};
-    for (StreamIndex s : streamsIn(uses)) {
-      points[s] = timelines_.pendingPoint(s);
-    }
-    other_frees_.fetch_add(1, std::memory_order_relaxed);
-    other_allocated_bytes_.fetch_sub(
-        static_cast<int64_t>(size), std::memory_order_relaxed);
-    {
-      MutexLock lock(p.mu);
-      b->cached_at = now;
-      b->outstanding = 0;
-      for (StreamIndex s : streamsIn(uses)) {
-        p.fences[s].emplace(points[s], b);
-        ++b->outstanding;
-      }
-      p.pending_streams.fetch_or(uses);
-      pending_bytes_.fetch_add(static_cast<int64_t>(size));
-    }
-    // `b` may be resolved and handed out again from here on; only the
-    // fences are used below.
-    for (StreamIndex s : streamsIn(uses)) {
-      armOrResolve(p, s, points[s]);
-    }
-  }
-  void free(const void* key) {
-    free(key, [](Block&) {});
-  }
-
+  // cross-stream reuse].
+  void free(const void* key);
   // Records that work on `stream` uses the block `key`, so that free() waits
   // for it (CUDA's recordStream).
-  void recordStream(const void* key, StreamIndex stream) {
-    checkStream(stream, "stream");
-    Shard& shard = shardFor(key);
-    MutexLock lock(shard.mu);
-    activeBlockLocked(shard, key, "recordStream()")->uses |= bit(stream);
-  }
+  void recordStream(const void* key, StreamIndex stream);
 
-  // Runs fn(block) under the block's shard lock, with nullptr when `key`
-  // is not a block of this allocator (handed out or cached).
-  template <typename Fn>
-  decltype(auto) withBlock(const void* key, Fn&& fn) {
+  // Runs fn(buffer) under the shard lock of block `key`, with its buffer
+  // as a `Buffer*`, or nullptr when `key` is not a block of this allocator
+  // (handed out or cached).
+  template <typename Buffer = void, typename Fn>
+  decltype(auto) withBuffer(const void* key, Fn&& fn) {
     Shard& shard = shardFor(key);
     MutexLock lock(shard.mu);
     auto it = shard.blocks.find(key);
-    return fn(it == shard.blocks.end() ? nullptr : it->second);
+    return fn(
+        it == shard.blocks.end() ? nullptr
+                                 : static_cast<Buffer*>(it->second->buffer));
   }
 
   // Waits for the work that cached blocks wait on, then releases every
   // cached block. Blocks freed while it runs may stay cached.
-  void emptyCache() {
-    std::array<uint64_t, kStreamsPerPool> need{};
-    for (auto& p : pools_) {
-      {
-        MutexLock lock(p->mu);
-        for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
-          if (!p->fences[s].empty()) {
-            need[s] = std::max(need[s], p->fences[s].rbegin()->first);
-          }
-        }
-      }
-      for (StreamIndex s : streamsIn(p->cached_streams.load())) {
-        StreamCache& cache = p->caches[s];
-        MutexLock lock(cache.mu);
-        for (Block* b : cache.blocks) {
-          need[s] = std::max(need[s], b->fence);
-        }
-      }
-    }
-    for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
-      if (need[s] > completed_[s].load() && refreshCompleted(s) < need[s]) {
-        timelines_.waitFor(s, need[s]);
-        raiseMax(completed_[s], need[s]);
-      }
-    }
-    for (auto& p : pools_) {
-      releaseCompleted(*p, SIZE_MAX);
-    }
-  }
-
+  void emptyCache();
   // Moves pending blocks whose fences have completed to their pools' free
   // sets (v2.9.1's freeInactiveBuffers).
-  void resolvePending() {
-    for (auto& p : pools_) {
-      resolvePool(*p);
-    }
-  }
-
+  void resolvePending();
   // Device bytes at or above which pressure-aware pools collect garbage and
   // avoid oversized reuse; 0 disables it.
   void setLowWatermark(size_t bytes) {
@@ -445,80 +307,13 @@ class CachingAllocatorCore {
   size_t lowWatermark() const {
     return low_watermark_.load();
   }
-
-  AllocatorStats stats() const {
-    AllocatorStats s;
-    s.reserved_bytes = reserved_bytes_.load();
-    s.allocated_bytes = other_allocated_bytes_.load();
-    s.pending_bytes = pending_bytes_.load();
-    s.peak_reserved_bytes = peak_reserved_bytes_.load();
-    s.blocks = blocks_.load();
-    s.mallocs = other_mallocs_.load();
-    s.frees = other_frees_.load();
-    s.cache_hits = other_hits_.load();
-    s.stream_steals = stream_steals_.load();
-    for (const auto& p : pools_) {
-      for (auto& cache : p->caches) {
-        MutexLock lock(cache.mu);
-        s.mallocs += cache.hits;
-        s.cache_hits += cache.hits;
-        s.frees += cache.frees;
-        s.allocated_bytes += cache.allocated_bytes;
-      }
-    }
-    s.device_allocs = device_allocs_.load();
-    s.device_releases = device_releases_.load();
-    s.gc_releases = gc_releases_.load();
-    s.oom_retries = oom_retries_.load();
-    s.ooms = ooms_.load();
-    s.commit_requests = commit_requests_.load();
-    s.handlers_registered = handlers_registered_.load();
-    s.handlers_run = handlers_run_.load();
-    return s;
-  }
-
-  AllocatorCensus census() {
-    AllocatorCensus c;
-    for (auto& p : pools_) {
-      {
-        MutexLock lock(p->mu);
-        for (Block* b : p->free_blocks) {
-          c.free_bytes += static_cast<int64_t>(b->size);
-          ++c.blocks;
-        }
-        std::set<Block*> pending;
-        for (const auto& fences : p->fences) {
-          for (const auto& [value, b] : fences) {
-            pending.insert(b);
-          }
-        }
-        for (Block* b : pending) {
-          c.pending_bytes += static_cast<int64_t>(b->size);
-          ++c.blocks;
-        }
-      }
-      for (auto& cache : p->caches) {
-        MutexLock lock(cache.mu);
-        for (Block* b : cache.blocks) {
-          c.stream_cached_bytes += static_cast<int64_t>(b->size);
-          ++c.blocks;
-        }
-      }
-    }
-    return c;
-  }
-
-  size_t poolCount() const {
-    return pools_.size();
-  }
-  const AllocatorPoolOptions& poolOptions(int pool) const {
-    checkPool(pool, "pool");
-    return pools_[pool]->options;
-  }
+  AllocatorStats stats() const;
+  AllocatorCensus census();
 
  private:
   struct alignas(64) StreamCache {
-    mutable Mutex mu;
+    // See Note [MPS allocator stream-cache lock].
+    mutable CacheLock mu;
     BlockSet blocks MPS_GUARDED_BY(mu);
     // Events of the fast path, counted under the lock it holds anyway:
     // mallocs this cache served, frees it took.
@@ -552,479 +347,35 @@ class CachingAllocatorCore {
     std::unordered_map<const void*, Block*> blocks MPS_GUARDED_BY(mu);
   };
 
-  static StreamMask bit(StreamIndex s) {
-    return StreamMask{1} << s;
-  }
-  // `for (StreamIndex s : streamsIn(mask))` visits the set bits in order.
-  struct StreamRange {
-    struct Iterator {
-      StreamMask rest;
-      StreamIndex operator*() const {
-        return static_cast<StreamIndex>(__builtin_ctz(rest));
-      }
-      Iterator& operator++() {
-        rest &= rest - 1;
-        return *this;
-      }
-      bool operator!=(const Iterator& other) const {
-        return rest != other.rest;
-      }
-    };
-    StreamMask mask;
-    Iterator begin() const {
-      return {mask};
-    }
-    Iterator end() const {
-      return {0};
-    }
-  };
-  static StreamRange streamsIn(StreamMask mask) {
-    return {mask};
-  }
-  static void raiseMax(std::atomic<uint64_t>& a, uint64_t v) {
-    uint64_t cur = a.load();
-    while (v > cur && !a.compare_exchange_weak(cur, v)) {
-    }
-  }
-  static void raiseMax(std::atomic<int64_t>& a, int64_t v) {
-    int64_t cur = a.load(std::memory_order_relaxed);
-    while (v > cur && !a.compare_exchange_weak(cur, v)) {
-    }
-  }
-  static std::string formatBytes(int64_t bytes) {
-    const char* units[] = {"bytes", "KiB", "MiB", "GiB"};
-    double value = static_cast<double>(bytes);
-    int unit = 0;
-    while (unit < 3 && (value >= 1024.0 || value <= -1024.0)) {
-      value /= 1024.0;
-      ++unit;
-    }
-    char text[32];
-    std::snprintf(text, sizeof(text), "%.2f %s", value, units[unit]);
-    return text;
-  }
-  static int64_t nowNs() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-
-  void checkPool(int pool, const char* arg) const {
-    TORCH_CHECK(
-        pool >= 0 && static_cast<size_t>(pool) < pools_.size(),
-        "MPS allocator: ",
-        arg,
-        "=",
-        pool,
-        " is out of range, expected 0 <= ",
-        arg,
-        " < ",
-        pools_.size());
-  }
-  static void checkStream(StreamIndex stream, const char* arg) {
-    TORCH_CHECK(
-        stream >= 0 && stream < kStreamsPerPool,
-        "MPS allocator: ",
-        arg,
-        "=",
-        stream,
-        " is not a stream index, expected 0 <= ",
-        arg,
-        " < ",
-        kStreamsPerPool);
-  }
-
-  Shard& shardFor(const void* key) {
-    auto h = reinterpret_cast<uintptr_t>(key);
-    h ^= h >> 17;
-    h *= 0x9E3779B97F4A7C15ull;
-    return shards_[(h >> 32) % kShards];
-  }
-
-  bool memoryPressure() const {
-    const size_t low = low_watermark_.load(std::memory_order_relaxed);
-    return low != 0 && backend_.deviceAllocatedSize() >= low;
-  }
-
-  // The stream's completed point, read now; also raises the cached value.
-  uint64_t refreshCompleted(StreamIndex s) {
-    const uint64_t done = timelines_.completedPoint(s);
-    raiseMax(completed_[s], done);
-    return std::max(done, completed_[s].load());
-  }
-
-  // Inserts `b`, reusing the node it was last extracted with.
-  static void insertBlock(BlockSet& set, Block* b) {
-    if (b->node) {
-      set.insert(std::move(b->node));
-    } else {
-      set.insert(b);
-    }
-  }
-
-  // First block in `set` that fits `size` and satisfies `usable`, removed.
-  template <typename Usable>
-  static Block* takeFit(
-      BlockSet& set,
-      size_t size,
-      bool pressure,
-      size_t max_oversize,
-      Usable&& usable) {
-    for (auto it = set.lower_bound(size); it != set.end(); ++it) {
-      Block* b = *it;
-      if (pressure && b->size - size > max_oversize) {
-        return nullptr; // sorted: every later block is larger still
-      }
-      if (usable(b)) {
-        b->node = set.extract(it);
-        return b;
-      }
-    }
-    return nullptr;
-  }
-
-  // `*own_cache` tells whether the block came from the stream's own cache
-  // (counted there).
+  Shard& shardFor(const void* key);
+  Block* activeBlockLocked(Shard& shard, const void* key, const char* op)
+      MPS_REQUIRES(shard.mu);
+  bool memoryPressure() const;
+  uint64_t refreshCompleted(StreamIndex s);
   Block* findCached(
       Pool& p,
       size_t size,
       StreamIndex stream,
       bool pressure,
-      bool* own_cache) {
-    const auto any = [](const Block*) { return true; };
-    if (p.options.same_stream_reuse) {
-      StreamCache& cache = p.caches[stream];
-      MutexLock lock(cache.mu);
-      if (Block* b = takeFit(
-              cache.blocks, size, pressure, p.options.max_oversize, any)) {
-        ++cache.hits;
-        cache.allocated_bytes += static_cast<int64_t>(b->size);
-        *own_cache = true;
-        return b;
-      }
-    }
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      {
-        MutexLock lock(p.mu);
-        if (Block* b = takeFit(
-                p.free_blocks, size, pressure, p.options.max_oversize, any)) {
-          other_hits_.fetch_add(1, std::memory_order_relaxed);
-          return b;
-        }
-      }
-      if (attempt == 0 && !resolvePool(p)) {
-        break;
-      }
-    }
-    return steal(p, size, stream, pressure);
-  }
-
-  // A block from another stream's cache whose fence has completed.
-  Block* steal(Pool& p, size_t size, StreamIndex stream, bool pressure) {
-    Block* found = nullptr;
-    for (StreamIndex s : streamsIn(p.cached_streams.load() & ~bit(stream))) {
-      const uint64_t done = refreshCompleted(s);
-      StreamCache& cache = p.caches[s];
-      MutexLock lock(cache.mu);
-      if (cache.blocks.empty()) {
-        p.cached_streams.fetch_and(~bit(s));
-        continue;
-      }
-      found = takeFit(
-          cache.blocks,
-          size,
-          pressure,
-          p.options.max_oversize,
-          [&](const Block* b) { return b->fence <= done; });
-      if (found) {
-        break;
-      }
-    }
-    if (found) {
-      other_hits_.fetch_add(1, std::memory_order_relaxed);
-      stream_steals_.fetch_add(1, std::memory_order_relaxed);
-    }
-    return found;
-  }
-
-  // Pops the fences of stream `s` that `done` covers; a block whose last
-  // fence goes becomes free. Returns whether any block did.
-  // The handed-out block `key`; raises an error naming `op` otherwise.
-  Block* activeBlockLocked(Shard& shard, const void* key, const char* op)
-      MPS_REQUIRES(shard.mu) {
-    auto it = shard.blocks.find(key);
-    TORCH_CHECK(
-        it != shard.blocks.end() &&
-            it->second->active.load(std::memory_order_relaxed),
-        "MPS allocator: ",
-        op,
-        " of a pointer that is not an allocated block (double free, or "
-        "memory from another allocator): ptr=",
-        key);
-    return it->second;
-  }
-
-  bool resolveLocked(Pool& p, StreamIndex s, uint64_t done) MPS_REQUIRES(p.mu) {
-    auto& fences = p.fences[s];
-    bool freed = false;
-    const auto end = fences.upper_bound(done);
-    for (auto it = fences.begin(); it != end; ++it) {
-      Block* b = it->second;
-      if (--b->outstanding == 0) {
-        insertBlock(p.free_blocks, b);
-        pending_bytes_.fetch_sub(static_cast<int64_t>(b->size));
-        freed = true;
-      }
-    }
-    fences.erase(fences.begin(), end);
-    if (fences.empty()) {
-      p.pending_streams.fetch_and(~bit(s));
-    }
-    return freed;
-  }
-
-  // Lazy resolution: reads the completed points of the streams this pool
-  // has fences on (outside the lock), then resolves.
-  bool resolvePool(Pool& p) {
-    const StreamMask mask = p.pending_streams.load();
-    if (!mask) {
-      return false;
-    }
-    for (StreamIndex s : streamsIn(mask)) {
-      refreshCompleted(s);
-    }
-    MutexLock lock(p.mu);
-    bool freed = false;
-    for (StreamIndex s : streamsIn(mask)) {
-      freed |= resolveLocked(p, s, completed_[s].load());
-    }
-    return freed;
-  }
-
-  // After inserting fence (s, value) into `p`: makes sure a completion
-  // handler will resolve it. One handler per stream covers every fence up
-  // to its value, so a new one is registered only for a larger value. The
-  // handler publishes its value before sweeping, so a fence inserted after
-  // its sweep of `p` sees the value here and is resolved by this thread.
-  void armOrResolve(Pool& p, StreamIndex s, uint64_t value) {
-    uint64_t armed = armed_[s].load();
-    while (value > armed) {
-      if (armed_[s].compare_exchange_weak(armed, value)) {
-        handlers_registered_.fetch_add(1);
-        timelines_.onCompleted(
-            s, value, [this, s, value] { onStreamCompleted(s, value); });
-        return;
-      }
-    }
-    const uint64_t done = completed_[s].load();
-    if (value <= done) {
-      MutexLock lock(p.mu);
-      resolveLocked(p, s, done);
-    }
-  }
-
-  void onStreamCompleted(StreamIndex s, uint64_t value) {
-    raiseMax(completed_[s], value);
-    for (auto& p : pools_) {
-      if (p->pending_streams.load() & bit(s)) {
-        MutexLock lock(p->mu);
-        resolveLocked(*p, s, completed_[s].load());
-      }
-    }
-    handlers_run_.fetch_add(1);
-  }
-
-  // Asks the streams that hold fences in `p` to commit, at most once per
-  // fence value.
-  void requestCommits(Pool& p) {
-    std::array<uint64_t, kStreamsPerPool> wanted{};
-    {
-      MutexLock lock(p.mu);
-      for (StreamIndex s : streamsIn(p.pending_streams.load())) {
-        if (!p.fences[s].empty()) {
-          wanted[s] = p.fences[s].rbegin()->first;
-        }
-      }
-    }
-    for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
-      uint64_t requested = commit_requested_[s].load();
-      while (wanted[s] > requested && wanted[s] > completed_[s].load()) {
-        if (commit_requested_[s].compare_exchange_weak(requested, wanted[s])) {
-          commit_requests_.fetch_add(1);
-          timelines_.requestCommit(s);
-          break;
-        }
-      }
-    }
-  }
-
-  Block* allocateFromDevice(Pool& p, size_t size, bool pressure) {
-    auto b = std::make_unique<Block>();
-    {
-      MutexLock lock(p.mu);
-      b->buffer = backend_.allocate(p.index, size, pressure, b->data);
-    }
-    if (!b->buffer) {
-      return nullptr;
-    }
-    b->size = size;
-    b->pool = p.index;
-    b->id = next_block_id_.fetch_add(1) + 1;
-    const auto bytes = static_cast<int64_t>(size);
-    raiseMax(peak_reserved_bytes_, reserved_bytes_.fetch_add(bytes) + bytes);
-    blocks_.fetch_add(1);
-    device_allocs_.fetch_add(1);
-    return b.release();
-  }
-
-  // The miss path: commit hints, garbage collection, device allocation and
-  // v2.9.1's out-of-memory ladder (callbacks and cache, this pool's cached
-  // blocks, then every cached block after waiting for its streams).
+      bool* own_cache);
+  Block* steal(Pool& p, size_t size, StreamIndex stream, bool pressure);
+  bool resolveLocked(Pool& p, StreamIndex s, uint64_t done) MPS_REQUIRES(p.mu);
+  bool resolvePool(Pool& p);
+  void armOrResolve(Pool& p, StreamIndex s, uint64_t value);
+  void onStreamCompleted(StreamIndex s, uint64_t value);
+  void requestCommits(Pool& p);
+  Block* allocateFromDevice(Pool& p, size_t size, bool pressure);
   Block* allocateBlock(
       Pool& p,
       size_t size,
       StreamIndex stream,
       bool pressure,
-      bool* own_cache) {
-    if (p.pending_streams.load()) {
-      requestCommits(p);
-    }
-    if (pressure) {
-      garbageCollect(p);
-    }
-    if (Block* b = allocateFromDevice(p, size, pressure)) {
-      return b;
-    }
-    oom_retries_.fetch_add(1);
-    backend_.onAllocationFailed();
-    if (Block* b = findCached(p, size, stream, /*pressure=*/false, own_cache)) {
-      return b;
-    }
-    releaseCompleted(p, size);
-    if (Block* b = allocateFromDevice(p, size, pressure)) {
-      return b;
-    }
-    emptyCache();
-    if (Block* b = allocateFromDevice(p, size, pressure)) {
-      return b;
-    }
-    ooms_.fetch_add(1);
-    const AllocatorStats s = stats();
-    TORCH_CHECK(
-        false,
-        "MPS backend out of memory (MPS allocated: ",
-        formatBytes(s.reserved_bytes),
-        ", in use: ",
-        formatBytes(s.allocated_bytes),
-        ", waiting for other streams: ",
-        formatBytes(s.pending_bytes),
-        "). Tried to allocate ",
-        formatBytes(static_cast<int64_t>(size)),
-        " on the ",
-        p.options.name,
-        " pool.",
-        backend_.outOfMemoryHint());
-  }
+      bool* own_cache);
+  size_t releaseCompleted(Pool& p, size_t target, bool oldest_first = false);
+  void releaseBlocks(Pool& p, const std::vector<Block*>& victims);
+  void garbageCollect(Pool& p);
 
-  void activate(
-      Block& b,
-      size_t requested_size,
-      StreamIndex stream,
-      bool fresh) {
-    b.requested_size = requested_size;
-    b.stream = stream;
-    b.uses = bit(stream);
-    b.active.store(true, std::memory_order_relaxed);
-    if (fresh) {
-      Shard& shard = shardFor(backend_.key(b.buffer));
-      MutexLock lock(shard.mu);
-      shard.blocks.emplace(backend_.key(b.buffer), &b);
-    }
-  }
-
-  // Releases cached blocks of `p` whose work is done, at least `target`
-  // bytes if there are that many (SIZE_MAX: all of them), oldest first
-  // when `oldest_first`.
-  size_t releaseCompleted(Pool& p, size_t target, bool oldest_first = false) {
-    resolvePool(p);
-    std::vector<Block*> victims;
-    size_t freed = 0;
-    const auto take = [&](BlockSet& set, auto&& usable) {
-      std::vector<Block*> candidates;
-      for (Block* b : set) {
-        if (usable(b) && !backend_.gpuReferenced(b->buffer)) {
-          candidates.push_back(b);
-        }
-      }
-      if (oldest_first) {
-        std::sort(candidates.begin(), candidates.end(), [](auto* a, auto* b) {
-          return a->cached_at < b->cached_at;
-        });
-      }
-      for (Block* b : candidates) {
-        if (freed >= target) {
-          break;
-        }
-        set.erase(b);
-        victims.push_back(b);
-        freed += b->size;
-      }
-    };
-    {
-      MutexLock lock(p.mu);
-      take(p.free_blocks, [](const Block*) { return true; });
-    }
-    for (StreamIndex s : streamsIn(p.cached_streams.load())) {
-      if (freed >= target) {
-        break;
-      }
-      const uint64_t done = refreshCompleted(s);
-      StreamCache& cache = p.caches[s];
-      MutexLock lock(cache.mu);
-      take(cache.blocks, [&](const Block* b) { return b->fence <= done; });
-    }
-    releaseBlocks(p, victims);
-    return victims.size();
-  }
-
-  void releaseBlocks(Pool& p, const std::vector<Block*>& victims) {
-    if (victims.empty()) {
-      return;
-    }
-    for (Block* b : victims) {
-      const void* key = backend_.key(b->buffer);
-      Shard& shard = shardFor(key);
-      MutexLock lock(shard.mu);
-      shard.blocks.erase(key);
-    }
-    int64_t bytes = 0;
-    {
-      MutexLock lock(p.mu);
-      for (Block* b : victims) {
-        backend_.release(p.index, b->buffer, b->data);
-        bytes += static_cast<int64_t>(b->size);
-      }
-    }
-    for (Block* b : victims) {
-      delete b;
-    }
-    reserved_bytes_.fetch_sub(bytes);
-    blocks_.fetch_sub(static_cast<int64_t>(victims.size()));
-    device_releases_.fetch_add(victims.size());
-  }
-
-  // Under memory pressure: releases the oldest cached blocks of `p` until
-  // the device is back under the low watermark.
-  void garbageCollect(Pool& p) {
-    const size_t low = low_watermark_.load();
-    const size_t used = backend_.deviceAllocatedSize();
-    if (low == 0 || used < low) {
-      return;
-    }
-    gc_releases_.fetch_add(releaseCompleted(p, used - low, true));
-  }
-
-  Backend& backend_;
+  AllocatorBackend& backend_;
   StreamTimelines& timelines_;
   std::vector<std::unique_ptr<Pool>> pools_;
   std::array<Shard, kShards> shards_;

@@ -1,0 +1,766 @@
+#include <ATen/mps/MPSAllocatorCore.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <utility>
+
+namespace at::mps {
+
+// Note [MPS allocator locking]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// No global lock. Each pool has
+//   Pool::mu         its free set, its pending fences, and the backend's
+//                    device allocations and releases for that pool;
+//   StreamCache::mu  one per (pool, stream): that stream's cached blocks
+//                    (a CacheLock, see Note [MPS allocator stream-cache lock]);
+// and the allocated-block table is split into shards by pointer:
+//   Shard::mu        its pointer -> block map and the owner-visible state of
+//                    those blocks (uses, active flag, backend payload).
+// Lock order: Pool::mu, then StreamCache::mu, then Shard::mu (declared with
+// MPS_ACQUIRED_BEFORE/AFTER; Clang checks it with -Wthread-safety-beta).
+// Today no path holds two of them at once: blocks move between containers
+// by being taken out under one lock and put in under the next, and while in
+// transit they belong to the moving thread alone.
+//
+// No allocator lock is held while calling StreamTimelines: stream calls may
+// take stream locks or wait for the GPU, and completion handlers take pool
+// locks, so holding a pool lock across one could deadlock. Backend calls run
+// under allocator locks (allocate and release under the pool's mutex, which
+// serialises them per pool; gpuReferenced under a pool or cache mutex;
+// onFree under the shard mutex) and must not call back into the allocator
+// or into streams.
+//
+// Statistics: device-memory counts are atomics (they change on the slow path
+// only). What the fast path changes (in-use bytes, malloc and free counts)
+// is counted in the stream cache, under the lock it holds anyway, and in
+// atomics on the other paths; stats() sums them. A block freed into another
+// counter than the one its malloc used leaves each counter off by its size,
+// but never the sum.
+
+// Note [MPS allocator block ownership]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A block is always owned by exactly one party, and its fields are accessed
+// only by that owner:
+//  - active (handed out): the user. `stream` and `uses` are written by the
+//    malloc that hands it out before the user sees the pointer; `uses` and
+//    the backend's payload change only under the block's shard mutex
+//    (recordStream, withBuffer), which free() also takes.
+//  - cached (a stream cache, a pool's free set or its pending fences): that
+//    container, under its mutex (`fence`, `cached_at`, `outstanding`).
+//  - in transit between the two: the thread moving it.
+// `active` itself is a relaxed atomic so that a double free is diagnosed
+// without a data race.
+
+namespace {
+
+using Block = CachingAllocatorCore::Block;
+using StreamMask = CachingAllocatorCore::StreamMask;
+
+StreamMask bit(StreamIndex s) {
+  return StreamMask{1} << s;
+}
+
+// `for (StreamIndex s : streamsIn(mask))` visits the set bits in order.
+struct StreamRange {
+  struct Iterator {
+    StreamMask rest;
+    StreamIndex operator*() const {
+      return static_cast<StreamIndex>(__builtin_ctz(rest));
+    }
+    Iterator& operator++() {
+      rest &= rest - 1;
+      return *this;
+    }
+    bool operator!=(const Iterator& other) const {
+      return rest != other.rest;
+    }
+  };
+  StreamMask mask;
+  Iterator begin() const {
+    return {mask};
+  }
+  Iterator end() const {
+    return {0};
+  }
+};
+StreamRange streamsIn(StreamMask mask) {
+  return {mask};
+}
+
+template <typename T>
+void raiseMax(std::atomic<T>& a, T v) {
+  T cur = a.load(std::memory_order_relaxed);
+  while (v > cur && !a.compare_exchange_weak(cur, v)) {
+  }
+}
+
+std::string formatBytes(int64_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (unit < 3 && (value >= 1024.0 || value <= -1024.0)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f %s", value, units[unit]);
+  return text;
+}
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void checkStream(StreamIndex stream) {
+  TORCH_CHECK(
+      stream >= 0 && stream < kStreamsPerPool,
+      "MPS allocator: stream=",
+      stream,
+      " is not a stream index, expected 0 <= stream < ",
+      kStreamsPerPool);
+}
+
+// Inserts `b`, reusing the node it was last extracted with.
+template <typename Set>
+void insertBlock(Set& set, Block* b) {
+  if (b->node) {
+    set.insert(std::move(b->node));
+  } else {
+    set.insert(b);
+  }
+}
+
+// First block in `set` that fits `size` and satisfies `usable`, removed.
+template <typename Set, typename Usable>
+Block* takeFit(
+    Set& set,
+    size_t size,
+    bool pressure,
+    size_t max_oversize,
+    Usable&& usable) {
+  for (auto it = set.lower_bound(size); it != set.end(); ++it) {
+    Block* b = *it;
+    if (pressure && b->size - size > max_oversize) {
+      return nullptr; // sorted: every later block is larger still
+    }
+    if (usable(b)) {
+      b->node = set.extract(it);
+      return b;
+    }
+  }
+  return nullptr;
+}
+
+bool any(const Block*) {
+  return true;
+}
+
+} // namespace
+
+bool CachingAllocatorCore::BySize::operator()(const Block* a, const Block* b)
+    const {
+  return a->size != b->size ? a->size < b->size : a->id < b->id;
+}
+bool CachingAllocatorCore::BySize::operator()(const Block* a, size_t size)
+    const {
+  return a->size < size;
+}
+bool CachingAllocatorCore::BySize::operator()(size_t size, const Block* b)
+    const {
+  return size < b->size;
+}
+
+CachingAllocatorCore::CachingAllocatorCore(
+    AllocatorBackend& backend,
+    StreamTimelines& timelines,
+    std::vector<AllocatorPoolOptions> pools)
+    : backend_(backend), timelines_(timelines) {
+  TORCH_CHECK(!pools.empty(), "CachingAllocatorCore: `pools` is empty");
+  for (size_t i = 0; i < pools.size(); ++i) {
+    pools_.push_back(
+        std::make_unique<Pool>(static_cast<int>(i), std::move(pools[i])));
+  }
+}
+
+CachingAllocatorCore::~CachingAllocatorCore() {
+  std::vector<std::vector<Block*>> idle(pools_.size());
+  for (auto& shard : shards_) {
+    MutexLock lock(shard.mu);
+    for (auto& [key, b] : shard.blocks) {
+      if (!b->active.load(std::memory_order_relaxed)) {
+        idle[b->pool].push_back(b);
+      }
+    }
+  }
+  for (auto& p : pools_) {
+    releaseBlocks(*p, idle[p->index]);
+  }
+}
+
+void* CachingAllocatorCore::malloc(int pool, size_t size, StreamIndex stream) {
+  TORCH_CHECK(
+      pool >= 0 && static_cast<size_t>(pool) < pools_.size(),
+      "MPS allocator: pool=",
+      pool,
+      " is out of range, expected 0 <= pool < ",
+      pools_.size());
+  checkStream(stream);
+  TORCH_CHECK(size > 0, "MPS allocator: malloc() of size 0");
+  Pool& p = *pools_[pool];
+  const bool pressure = p.options.pressure_aware && memoryPressure();
+  bool own_cache = false;
+  Block* b = findCached(p, size, stream, pressure, &own_cache);
+  const bool fresh = b == nullptr;
+  if (fresh) {
+    b = allocateBlock(p, size, stream, pressure, &own_cache);
+  }
+  if (!own_cache) {
+    other_mallocs_.fetch_add(1, std::memory_order_relaxed);
+    other_allocated_bytes_.fetch_add(
+        static_cast<int64_t>(b->size), std::memory_order_relaxed);
+  }
+  b->stream = stream;
+  b->uses = bit(stream);
+  b->active.store(true, std::memory_order_relaxed);
+  if (fresh) {
+    const void* key = backend_.key(b->buffer);
+    Shard& shard = shardFor(key);
+    MutexLock lock(shard.mu);
+    shard.blocks.emplace(key, b);
+  }
+  return b->buffer;
+}
+
+void CachingAllocatorCore::free(const void* key) {
+  Block* b = nullptr;
+  StreamIndex stream = kDefaultStreamIndex;
+  StreamMask uses = 0;
+  {
+    Shard& shard = shardFor(key);
+    MutexLock lock(shard.mu);
+    b = activeBlockLocked(shard, key, "free()");
+    backend_.onFree(b->buffer);
+    b->active.store(false, std::memory_order_relaxed);
+    stream = b->stream;
+    uses = b->uses;
+  }
+  Pool& p = *pools_[b->pool];
+  const size_t size = b->size;
+  const int64_t now = p.options.pressure_aware ? nowNs() : 0;
+
+  if (uses == bit(stream) && p.options.same_stream_reuse) {
+    const uint64_t fence = timelines_.pendingPoint(stream);
+    StreamCache& cache = p.caches[stream];
+    CacheLockGuard lock(cache.mu);
+    b->fence = fence;
+    b->cached_at = now;
+    insertBlock(cache.blocks, b);
+    ++cache.frees;
+    cache.allocated_bytes -= static_cast<int64_t>(size);
+    // This stream's bit changes only under its cache lock, held here.
+    if (!(p.cached_streams.load(std::memory_order_relaxed) & bit(stream))) {
+      p.cached_streams.fetch_or(bit(stream));
+    }
+    return;
+  }
+
+  std::array<uint64_t, kStreamsPerPool> points{};
+  for (StreamIndex s : streamsIn(uses)) {
+    points[s] = timelines_.pendingPoint(s);
+  }
+  other_frees_.fetch_add(1, std::memory_order_relaxed);
+  other_allocated_bytes_.fetch_sub(
+      static_cast<int64_t>(size), std::memory_order_relaxed);
+  {
+    MutexLock lock(p.mu);
+    b->cached_at = now;
+    b->outstanding = 0;
+    for (StreamIndex s : streamsIn(uses)) {
+      p.fences[s].emplace(points[s], b);
+      ++b->outstanding;
+    }
+    p.pending_streams.fetch_or(uses);
+    pending_bytes_.fetch_add(static_cast<int64_t>(size));
+  }
+  // `b` may be resolved and handed out again from here on; only the
+  // fences are used below.
+  for (StreamIndex s : streamsIn(uses)) {
+    armOrResolve(p, s, points[s]);
+  }
+}
+
+void CachingAllocatorCore::recordStream(const void* key, StreamIndex stream) {
+  checkStream(stream);
+  Shard& shard = shardFor(key);
+  MutexLock lock(shard.mu);
+  activeBlockLocked(shard, key, "recordStream()")->uses |= bit(stream);
+}
+
+void CachingAllocatorCore::emptyCache() {
+  std::array<uint64_t, kStreamsPerPool> need{};
+  for (auto& p : pools_) {
+    {
+      MutexLock lock(p->mu);
+      for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+        if (!p->fences[s].empty()) {
+          need[s] = std::max(need[s], p->fences[s].rbegin()->first);
+        }
+      }
+    }
+    for (StreamIndex s : streamsIn(p->cached_streams.load())) {
+      StreamCache& cache = p->caches[s];
+      CacheLockGuard lock(cache.mu);
+      for (Block* b : cache.blocks) {
+        need[s] = std::max(need[s], b->fence);
+      }
+    }
+  }
+  for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+    if (need[s] > completed_[s].load() && refreshCompleted(s) < need[s]) {
+      timelines_.waitFor(s, need[s]);
+      raiseMax(completed_[s], need[s]);
+    }
+  }
+  for (auto& p : pools_) {
+    releaseCompleted(*p, SIZE_MAX);
+  }
+}
+
+void CachingAllocatorCore::resolvePending() {
+  for (auto& p : pools_) {
+    resolvePool(*p);
+  }
+}
+
+AllocatorStats CachingAllocatorCore::stats() const {
+  AllocatorStats s;
+  s.reserved_bytes = reserved_bytes_.load();
+  s.allocated_bytes = other_allocated_bytes_.load();
+  s.pending_bytes = pending_bytes_.load();
+  s.peak_reserved_bytes = peak_reserved_bytes_.load();
+  s.blocks = blocks_.load();
+  s.mallocs = other_mallocs_.load();
+  s.frees = other_frees_.load();
+  s.cache_hits = other_hits_.load();
+  s.stream_steals = stream_steals_.load();
+  s.device_allocs = device_allocs_.load();
+  s.device_releases = device_releases_.load();
+  s.gc_releases = gc_releases_.load();
+  s.oom_retries = oom_retries_.load();
+  s.ooms = ooms_.load();
+  s.commit_requests = commit_requests_.load();
+  s.handlers_registered = handlers_registered_.load();
+  s.handlers_run = handlers_run_.load();
+  for (const auto& p : pools_) {
+    for (auto& cache : p->caches) {
+      CacheLockGuard lock(cache.mu);
+      s.mallocs += cache.hits;
+      s.cache_hits += cache.hits;
+      s.frees += cache.frees;
+      s.allocated_bytes += cache.allocated_bytes;
+    }
+  }
+  return s;
+}
+
+AllocatorCensus CachingAllocatorCore::census() {
+  AllocatorCensus c;
+  const auto count = [&c](int64_t& bytes, const Block* b) {
+    bytes += static_cast<int64_t>(b->size);
+    ++c.blocks;
+  };
+  for (auto& p : pools_) {
+    {
+      MutexLock lock(p->mu);
+      for (Block* b : p->free_blocks) {
+        count(c.free_bytes, b);
+      }
+      std::set<Block*> pending;
+      for (const auto& fences : p->fences) {
+        for (const auto& [value, b] : fences) {
+          pending.insert(b);
+        }
+      }
+      for (Block* b : pending) {
+        count(c.pending_bytes, b);
+      }
+    }
+    for (auto& cache : p->caches) {
+      CacheLockGuard lock(cache.mu);
+      for (Block* b : cache.blocks) {
+        count(c.stream_cached_bytes, b);
+      }
+    }
+  }
+  return c;
+}
+
+CachingAllocatorCore::Shard& CachingAllocatorCore::shardFor(const void* key) {
+  auto h = reinterpret_cast<uintptr_t>(key);
+  h ^= h >> 17;
+  h *= 0x9E3779B97F4A7C15ull;
+  return shards_[(h >> 32) % kShards];
+}
+
+bool CachingAllocatorCore::memoryPressure() const {
+  const size_t low = low_watermark_.load(std::memory_order_relaxed);
+  return low != 0 && backend_.deviceAllocatedSize() >= low;
+}
+
+// The stream's completed point, read now; also raises the cached value.
+uint64_t CachingAllocatorCore::refreshCompleted(StreamIndex s) {
+  const uint64_t done = timelines_.completedPoint(s);
+  raiseMax(completed_[s], done);
+  return std::max(done, completed_[s].load());
+}
+
+// `*own_cache` tells whether the block came from the stream's own cache
+// (counted there).
+CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
+    Pool& p,
+    size_t size,
+    StreamIndex stream,
+    bool pressure,
+    bool* own_cache) {
+  if (p.options.same_stream_reuse) {
+    StreamCache& cache = p.caches[stream];
+    CacheLockGuard lock(cache.mu);
+    if (Block* b = takeFit(
+            cache.blocks, size, pressure, p.options.max_oversize, any)) {
+      ++cache.hits;
+      cache.allocated_bytes += static_cast<int64_t>(b->size);
+      *own_cache = true;
+      return b;
+    }
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      MutexLock lock(p.mu);
+      if (Block* b = takeFit(
+              p.free_blocks, size, pressure, p.options.max_oversize, any)) {
+        other_hits_.fetch_add(1, std::memory_order_relaxed);
+        return b;
+      }
+    }
+    if (attempt == 0 && !resolvePool(p)) {
+      break;
+    }
+  }
+  return steal(p, size, stream, pressure);
+}
+
+// A block from another stream's cache whose fence has completed.
+CachingAllocatorCore::Block* CachingAllocatorCore::steal(
+    Pool& p,
+    size_t size,
+    StreamIndex stream,
+    bool pressure) {
+  Block* found = nullptr;
+  for (StreamIndex s : streamsIn(p.cached_streams.load() & ~bit(stream))) {
+    const uint64_t done = refreshCompleted(s);
+    StreamCache& cache = p.caches[s];
+    CacheLockGuard lock(cache.mu);
+    if (cache.blocks.empty()) {
+      p.cached_streams.fetch_and(~bit(s));
+      continue;
+    }
+    found = takeFit(
+        cache.blocks,
+        size,
+        pressure,
+        p.options.max_oversize,
+        [&](const Block* b) { return b->fence <= done; });
+    if (found) {
+      break;
+    }
+  }
+  if (found) {
+    other_hits_.fetch_add(1, std::memory_order_relaxed);
+    stream_steals_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return found;
+}
+
+// The handed-out block `key`; raises an error naming `op` otherwise.
+CachingAllocatorCore::Block* CachingAllocatorCore::activeBlockLocked(
+    Shard& shard,
+    const void* key,
+    const char* op) {
+  auto it = shard.blocks.find(key);
+  TORCH_CHECK(
+      it != shard.blocks.end() &&
+          it->second->active.load(std::memory_order_relaxed),
+      "MPS allocator: ",
+      op,
+      " of a pointer that is not an allocated block (double free, or "
+      "memory from another allocator): ptr=",
+      key);
+  return it->second;
+}
+
+// Pops the fences of stream `s` that `done` covers; a block whose last
+// fence goes becomes free. Returns whether any block did.
+bool CachingAllocatorCore::resolveLocked(
+    Pool& p,
+    StreamIndex s,
+    uint64_t done) {
+  auto& fences = p.fences[s];
+  bool freed = false;
+  const auto end = fences.upper_bound(done);
+  for (auto it = fences.begin(); it != end; ++it) {
+    Block* b = it->second;
+    if (--b->outstanding == 0) {
+      insertBlock(p.free_blocks, b);
+      pending_bytes_.fetch_sub(static_cast<int64_t>(b->size));
+      freed = true;
+    }
+  }
+  fences.erase(fences.begin(), end);
+  if (fences.empty()) {
+    p.pending_streams.fetch_and(~bit(s));
+  }
+  return freed;
+}
+
+// Lazy resolution: reads the completed points of the streams this pool
+// has fences on (outside the lock), then resolves.
+bool CachingAllocatorCore::resolvePool(Pool& p) {
+  const StreamMask mask = p.pending_streams.load();
+  if (!mask) {
+    return false;
+  }
+  for (StreamIndex s : streamsIn(mask)) {
+    refreshCompleted(s);
+  }
+  MutexLock lock(p.mu);
+  bool freed = false;
+  for (StreamIndex s : streamsIn(mask)) {
+    freed |= resolveLocked(p, s, completed_[s].load());
+  }
+  return freed;
+}
+
+// After inserting fence (s, value) into `p`: makes sure a completion
+// handler will resolve it. One handler per stream covers every fence up
+// to its value, so a new one is registered only for a larger value. The
+// handler publishes its value before sweeping, so a fence inserted after
+// its sweep of `p` sees the value here and is resolved by this thread.
+void CachingAllocatorCore::armOrResolve(
+    Pool& p,
+    StreamIndex s,
+    uint64_t value) {
+  uint64_t armed = armed_[s].load();
+  while (value > armed) {
+    if (armed_[s].compare_exchange_weak(armed, value)) {
+      handlers_registered_.fetch_add(1);
+      timelines_.onCompleted(
+          s, value, [this, s, value] { onStreamCompleted(s, value); });
+      return;
+    }
+  }
+  const uint64_t done = completed_[s].load();
+  if (value <= done) {
+    MutexLock lock(p.mu);
+    resolveLocked(p, s, done);
+  }
+}
+
+void CachingAllocatorCore::onStreamCompleted(StreamIndex s, uint64_t value) {
+  raiseMax(completed_[s], value);
+  for (auto& p : pools_) {
+    if (p->pending_streams.load() & bit(s)) {
+      MutexLock lock(p->mu);
+      resolveLocked(*p, s, completed_[s].load());
+    }
+  }
+  handlers_run_.fetch_add(1);
+}
+
+// Asks the streams that hold fences in `p` to commit, at most once per
+// fence value.
+void CachingAllocatorCore::requestCommits(Pool& p) {
+  std::array<uint64_t, kStreamsPerPool> wanted{};
+  {
+    MutexLock lock(p.mu);
+    for (StreamIndex s : streamsIn(p.pending_streams.load())) {
+      if (!p.fences[s].empty()) {
+        wanted[s] = p.fences[s].rbegin()->first;
+      }
+    }
+  }
+  for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+    uint64_t requested = commit_requested_[s].load();
+    while (wanted[s] > requested && wanted[s] > completed_[s].load()) {
+      if (commit_requested_[s].compare_exchange_weak(requested, wanted[s])) {
+        commit_requests_.fetch_add(1);
+        timelines_.requestCommit(s);
+        break;
+      }
+    }
+  }
+}
+
+CachingAllocatorCore::Block* CachingAllocatorCore::allocateFromDevice(
+    Pool& p,
+    size_t size,
+    bool pressure) {
+  auto b = std::make_unique<Block>();
+  {
+    MutexLock lock(p.mu);
+    b->buffer = backend_.allocate(p.index, size, pressure);
+  }
+  if (!b->buffer) {
+    return nullptr;
+  }
+  b->size = size;
+  b->pool = p.index;
+  b->id = next_block_id_.fetch_add(1) + 1;
+  const auto bytes = static_cast<int64_t>(size);
+  raiseMax(peak_reserved_bytes_, reserved_bytes_.fetch_add(bytes) + bytes);
+  blocks_.fetch_add(1);
+  device_allocs_.fetch_add(1);
+  return b.release();
+}
+
+// The miss path: commit hints, garbage collection, device allocation and
+// v2.9.1's out-of-memory ladder (callbacks and cache, this pool's cached
+// blocks, then every cached block after waiting for its streams).
+CachingAllocatorCore::Block* CachingAllocatorCore::allocateBlock(
+    Pool& p,
+    size_t size,
+    StreamIndex stream,
+    bool pressure,
+    bool* own_cache) {
+  if (p.pending_streams.load()) {
+    requestCommits(p);
+  }
+  if (pressure) {
+    garbageCollect(p);
+  }
+  if (Block* b = allocateFromDevice(p, size, pressure)) {
+    return b;
+  }
+  oom_retries_.fetch_add(1);
+  backend_.onAllocationFailed();
+  if (Block* b = findCached(p, size, stream, /*pressure=*/false, own_cache)) {
+    return b;
+  }
+  releaseCompleted(p, size);
+  if (Block* b = allocateFromDevice(p, size, pressure)) {
+    return b;
+  }
+  emptyCache();
+  if (Block* b = allocateFromDevice(p, size, pressure)) {
+    return b;
+  }
+  ooms_.fetch_add(1);
+  const AllocatorStats s = stats();
+  TORCH_CHECK(
+      false,
+      "MPS backend out of memory (MPS allocated: ",
+      formatBytes(s.reserved_bytes),
+      ", in use: ",
+      formatBytes(s.allocated_bytes),
+      ", waiting for other streams: ",
+      formatBytes(s.pending_bytes),
+      "). Tried to allocate ",
+      formatBytes(static_cast<int64_t>(size)),
+      " on the ",
+      p.options.name,
+      " pool.",
+      backend_.outOfMemoryHint());
+}
+
+// Releases cached blocks of `p` whose work is done, at least `target`
+// bytes if there are that many (SIZE_MAX: all of them), oldest first
+// when `oldest_first`. Returns how many.
+size_t CachingAllocatorCore::releaseCompleted(
+    Pool& p,
+    size_t target,
+    bool oldest_first) {
+  resolvePool(p);
+  std::vector<Block*> victims;
+  size_t freed = 0;
+  const auto take = [&](BlockSet& set, auto&& usable) {
+    std::vector<Block*> candidates;
+    for (Block* b : set) {
+      if (usable(b) && !backend_.gpuReferenced(b->buffer)) {
+        candidates.push_back(b);
+      }
+    }
+    if (oldest_first) {
+      std::sort(candidates.begin(), candidates.end(), [](auto* a, auto* b) {
+        return a->cached_at < b->cached_at;
+      });
+    }
+    for (Block* b : candidates) {
+      if (freed >= target) {
+        break;
+      }
+      set.erase(b);
+      victims.push_back(b);
+      freed += b->size;
+    }
+  };
+  {
+    MutexLock lock(p.mu);
+    take(p.free_blocks, any);
+  }
+  for (StreamIndex s : streamsIn(p.cached_streams.load())) {
+    if (freed >= target) {
+      break;
+    }
+    const uint64_t done = refreshCompleted(s);
+    StreamCache& cache = p.caches[s];
+    CacheLockGuard lock(cache.mu);
+    take(cache.blocks, [&](const Block* b) { return b->fence <= done; });
+  }
+  releaseBlocks(p, victims);
+  return victims.size();
+}
+
+void CachingAllocatorCore::releaseBlocks(
+    Pool& p,
+    const std::vector<Block*>& victims) {
+  if (victims.empty()) {
+    return;
+  }
+  for (Block* b : victims) {
+    const void* key = backend_.key(b->buffer);
+    Shard& shard = shardFor(key);
+    MutexLock lock(shard.mu);
+    shard.blocks.erase(key);
+  }
+  int64_t bytes = 0;
+  {
+    MutexLock lock(p.mu);
+    for (Block* b : victims) {
+      backend_.release(p.index, b->buffer);
+      bytes += static_cast<int64_t>(b->size);
+    }
+  }
+  for (Block* b : victims) {
+    delete b;
+  }
+  reserved_bytes_.fetch_sub(bytes);
+  blocks_.fetch_sub(static_cast<int64_t>(victims.size()));
+  device_releases_.fetch_add(victims.size());
+}
+
+// Under memory pressure: releases the oldest cached blocks of `p` until
+// the device is back under the low watermark.
+void CachingAllocatorCore::garbageCollect(Pool& p) {
+  const size_t low = low_watermark_.load();
+  const size_t used = backend_.deviceAllocatedSize();
+  if (low == 0 || used < low) {
+    return;
+  }
+  gc_releases_.fetch_add(releaseCompleted(p, used - low, true));
+}
+
+} // namespace at::mps
