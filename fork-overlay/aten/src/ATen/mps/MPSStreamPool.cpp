@@ -277,6 +277,13 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
 // While a displacement is open the thread may not give its lease back: the
 // guard would restore a slot the thread no longer owns, or lease one from its
 // destructor (where an exhausted pool could only terminate).
+// The rule cannot tell set_stream() from a guard, as c10 gives both the same
+// call: set_stream(own) inside a guard onto `own` undoes the guard's entry,
+// so a release there goes through and the guard's exit leases again; and
+// set_stream() to the current slot, or inside a guard, opens an entry that
+// nothing closes, so a later release is refused. tests/model/stream_lease.pml
+// (run_stream_lease.sh --gaps) shows both; closing them needs a restore call
+// that c10's stream guards do not make today.
 StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   checkNotForked();
   checkStreamIndex(index);
