@@ -112,20 +112,7 @@ class MPS_THREAD_ANNOTATION(capability("mutex")) CacheLock {
   std::atomic<bool> locked_{false};
 };
 
-class MPS_THREAD_ANNOTATION(scoped_lockable) CacheLockGuard {
- public:
-  explicit CacheLockGuard(CacheLock& lock) MPS_ACQUIRE(lock) : lock_(lock) {
-    lock_.lock();
-  }
-  ~CacheLockGuard() MPS_RELEASE() {
-    lock_.unlock();
-  }
-  CacheLockGuard(const CacheLockGuard&) = delete;
-  CacheLockGuard& operator=(const CacheLockGuard&) = delete;
-
- private:
-  CacheLock& lock_;
-};
+using CacheLockGuard = ScopedLock<CacheLock>;
 
 // Per-pool configuration.
 struct AllocatorPoolOptions {

@@ -43,20 +43,24 @@ class MPS_THREAD_ANNOTATION(capability("mutex")) Mutex {
   std::mutex mutex_;
 };
 
-class MPS_THREAD_ANNOTATION(scoped_lockable) MutexLock {
+// Holds an annotated lock (a capability with lock() and unlock()) for its
+// scope.
+template <typename Lock>
+class MPS_THREAD_ANNOTATION(scoped_lockable) ScopedLock {
  public:
-  explicit MutexLock(Mutex& mu) MPS_ACQUIRE(mu) : mu_(mu) {
-    mu_.lock();
+  explicit ScopedLock(Lock& lock) MPS_ACQUIRE(lock) : lock_(lock) {
+    lock_.lock();
   }
-  ~MutexLock() MPS_RELEASE() {
-    mu_.unlock();
+  ~ScopedLock() MPS_RELEASE() {
+    lock_.unlock();
   }
-  MutexLock(const MutexLock&) = delete;
-  MutexLock& operator=(const MutexLock&) = delete;
+  ScopedLock(const ScopedLock&) = delete;
+  ScopedLock& operator=(const ScopedLock&) = delete;
 
  private:
-  Mutex& mu_;
+  Lock& lock_;
 };
+using MutexLock = ScopedLock<Mutex>;
 
 // Condition variable for Mutex; wait() releases `mu` while blocked. The
 // predicate forms are not analysed: the analysis cannot tie a predicate's own
