@@ -104,11 +104,9 @@ class BatchQueue:
     Args:
         model (callable): takes a batch, returns a batch of the same size along dim 0.
         max_batch (int): most samples per model call. Default: 8.
-        max_wait_ms (float): longest time the oldest queued sample waits for
-            more samples before a partial batch runs. Default: 5.0.
+        max_wait_ms (float): how long the oldest queued sample waits for more samples before a batch runs. Default: 5.0.
         max_queue (int): number of waiting samples at which :meth:`submit` blocks. Default: 1024.
-        device (torch.device or str, optional): where the batch is moved before
-            the model runs. Outputs are not moved back.
+        device (torch.device or str, optional): where batches are moved for the model; outputs are not moved back.
         collate (callable, optional): ``collate(list_of_inputs) -> batch``.
         split (callable, optional): ``split(output, n) -> sequence of n results``.
         name (str, optional): used in the worker thread's name.
@@ -189,8 +187,7 @@ class BatchQueue:
 
         Args:
             wait (bool): block until the worker thread has exited.
-            cancel_pending (bool): cancel the samples still queued instead of
-                running them. A batch already running completes.
+            cancel_pending (bool): cancel the queued samples instead of running them; a running batch completes.
         """
         dropped = ()
         with self._lock:
@@ -214,8 +211,7 @@ class BatchQueue:
         (waiting now), ``batches`` (model calls), ``mean_batch_size`` and ``max_batch_size``."""
         with self._lock:
             c = dict(self._counts, queued=len(self._pending))
-        batched = c.pop("batched_items")
-        c["mean_batch_size"] = batched / c["batches"] if c["batches"] else 0.0
+        c["mean_batch_size"] = c.pop("batched_items") / max(c["batches"], 1)
         return c
 
     # Worker side. Futures are set running before collation, so a caller can cancel only while its
