@@ -153,8 +153,7 @@ class BatchQueue:
         return self._closed
 
     def submit(self, x, *, block=True, timeout=None):
-        r"""Queues one sample ``x`` and returns a :class:`concurrent.futures.Future`
-        for its output, or for the exception raised while collating or running its batch.
+        r"""Queues one sample ``x``; returns a :class:`concurrent.futures.Future` for its output or its batch's error.
 
         When the queue is full, waits for room up to ``timeout`` seconds (forever if ``None``), or not
         at all if ``block`` is ``False``, then raises :class:`BatchQueueFull` (a ``queue.Full`` and
