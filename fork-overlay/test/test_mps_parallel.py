@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.utils._pytree import tree_map
 
 
 TEST_MPS = torch.backends.mps.is_available()
@@ -60,10 +61,6 @@ class _Threads:
         if self.errors:
             raise self.errors[0]
         return self.results
-
-
-def _to_cpu(value):
-    return value.cpu() if isinstance(value, torch.Tensor) else type(value)(map(_to_cpu, value))
 
 
 def _probe(device, i):
@@ -114,7 +111,7 @@ def _check_parallel_forward(name, num_threads, iters, device, seed=0):
     def work(t):
         barrier.wait()
         with torch.no_grad():  # grad mode is per thread
-            return _to_cpu([dev_model(x.to(device)) for x in inputs[t]])
+            return tree_map(torch.Tensor.cpu, [dev_model(x.to(device)) for x in inputs[t]])
 
     torch.testing.assert_close(_Threads(work, num_threads, barrier).join(), expected, atol=tol, rtol=tol)
 
@@ -144,8 +141,7 @@ class _StreamPoolTestCase(_DeviceTestCase):
             self.skipTest("needs MPS and PyTorch built with the MPS stream pool")
 
     def _child(self, *args, env=None):
-        r"""Runs a child scenario in a fresh interpreter, with the pool's variables cleared and then
-        ``env`` set, and returns its JSON result."""
+        r"""Runs a scenario in a fresh interpreter, the pool's variables cleared, then ``env`` set."""
         child_env = {k: v for k, v in os.environ.items() if k not in (POOL_ENV, GRAPH_ENV)} | (env or {})
         cmd = [sys.executable, os.path.abspath(__file__), CHILD_FLAG, *args, "--device", self.device]
         proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=TIMEOUT)
@@ -180,7 +176,7 @@ class TestMPSCrossThread(_DeviceTestCase):
                 p.mul_(0.5)
         producers, consumers, per_producer = 4, 4, 8
         raw = [torch.randn(8, 64) for _ in range(producers * per_producer)]
-        made, done = queue.Queue(), queue.Queue()
+        made, outs = queue.Queue(), [None] * len(raw)
 
         def produce(p):
             for k in range(p, len(raw), producers):
@@ -189,7 +185,7 @@ class TestMPSCrossThread(_DeviceTestCase):
         def consume(_):
             with torch.no_grad():
                 while (item := made.get(timeout=TIMEOUT)) is not None:
-                    done.put((item[0], dev_model(item[1])))
+                    outs[item[0]] = dev_model(item[1])
 
         consumer_threads = _Threads(consume, consumers)
         _Threads(produce, producers).join()  # producers exit before their outputs are consumed
@@ -197,8 +193,6 @@ class TestMPSCrossThread(_DeviceTestCase):
             made.put(None)
         consumer_threads.join()
 
-        got = dict(done.get(timeout=TIMEOUT) for _ in raw)
-        outs = [got[k] for k in range(len(raw))]
         with torch.no_grad():
             ref = [model(x * 2 + 1) for x in raw]
         self.assertEqual([y.cpu() for y in outs], ref, atol=1e-4, rtol=1e-4)
@@ -216,8 +210,7 @@ class TestMPSCrossThread(_DeviceTestCase):
         self.assertEqual(x.cpu(), x_cpu)
 
     def test_write_after_read_across_threads(self):
-        # The main thread queues a read of `a` behind long work; a worker then
-        # overwrites `a`. The read must still see the old contents.
+        # A worker overwrites `a` while the main thread's read of it waits behind long work; the read sees the old `a`.
         a_cpu, w_cpu = torch.randn(512, 512), torch.randn(512, 512) / 23
         a, w = a_cpu.to(self.device, copy=True), w_cpu.to(self.device)
         big = (torch.randn(self.busy_size, self.busy_size) / self.busy_size ** 0.5).to(self.device)
@@ -233,8 +226,7 @@ class TestMPSCrossThread(_DeviceTestCase):
         xs = [torch.randn(256, 256) for _ in range(12)]
         w = w_cpu.to(self.device)
         outs = _Threads(lambda i: _chain(xs[i].to(self.device), w, 4), len(xs)).join()
-        for out, x in zip(outs, xs):
-            self.assertEqual(out.cpu(), _chain(x, w_cpu, 4), atol=1e-4, rtol=1e-4)
+        self.assertEqual([o.cpu() for o in outs], [_chain(x, w_cpu, 4) for x in xs], atol=1e-4, rtol=1e-4)
 
 
 class TestMPSThreadChurn(_DeviceTestCase):
@@ -300,9 +292,8 @@ class TestMPSStreams(_StreamPoolTestCase):
         self.assertEqual(torch.mps.current_stream(), prev)
         with torch.mps.stream(None):
             self.assertEqual(torch.mps.current_stream(), prev)
-        with self.assertRaises(ValueError):
-            with torch.mps.stream(s1):
-                raise ValueError("leaves the block")
+        with self.assertRaises(ValueError), torch.mps.stream(s1):
+            raise ValueError("leaves the block")
         self.assertEqual(torch.mps.current_stream(), prev)
         prev.wait_stream(s2)
         self.assertEqual(z.cpu(), x_cpu * 2 + 1)
@@ -381,8 +372,7 @@ class TestMPSStreams(_StreamPoolTestCase):
         (a, event, worker_stream), = _Threads(produce, 1).join()
         self.assertNotEqual(worker_stream, torch.mps.current_stream())
         torch.mps.current_stream().wait_event(event)
-        b = a + 1
-        self.assertEqual(b.cpu(), _chain(x_cpu, w_cpu, 8) + 1, atol=1e-4, rtol=1e-4)
+        self.assertEqual((a + 1).cpu(), _chain(x_cpu, w_cpu, 8) + 1, atol=1e-4, rtol=1e-4)
         event.synchronize()
         self.assertTrue(event.query())
 
@@ -441,8 +431,7 @@ class TestMPSStreamPoolEnvironment(_StreamPoolTestCase):
         self.assertEqual(self._child("release", "--threads", "40", env={POOL_ENV: "-1"}), {"ok": 40, "errors": []})
 
     def test_timeout_raises_or_succeeds(self):
-        result = self._child("timeout", "--holders", str(WORKER_STREAMS), "--timeout-ms", "1000",
-                             env={POOL_ENV: "1000"})
+        result = self._child("timeout", "--timeout-ms", "1000", env={POOL_ENV: "1000"})  # all worker streams held
         self.assertIn(POOL_ENV, result["first"])
         self.assertGreaterEqual(result["first_ms"], 900)
         self.assertEqual(result["second"], "ok")
@@ -455,18 +444,16 @@ class TestMPSStreamPoolEnvironment(_StreamPoolTestCase):
                 self.assertIn(value, result["outcome"])
 
     def test_churn_returns_every_lease(self):
-        # After many threads came and went, all worker streams can be leased at once again.
+        # After 256 threads came and went, all worker streams can be leased at once again (the scenario's defaults).
         for release, mode in (("explicit", "0"), ("exit", "-1")):
             with self.subTest(release=release):
-                result = self._child("churn", "--total", "256", "--release", release,
-                                     "--hold", str(WORKER_STREAMS), env={POOL_ENV: mode})
+                result = self._child("churn", "--release", release, env={POOL_ENV: mode})
                 self.assertEqual(result, {"churn_ok": 256, "ok": WORKER_STREAMS, "errors": []})
 
 
 class TestMPSGraphPath(_StreamPoolTestCase):
     def test_force_graph_path_matches_cpu(self):
-        result = self._child("parallel", "--threads", "8", env={GRAPH_ENV: "1"})
-        self.assertEqual(result, {name: "ok" for name in MODELS})
+        self.assertEqual(self._child("parallel", "--threads", "8", env={GRAPH_ENV: "1"}), dict.fromkeys(MODELS, "ok"))
 
     def test_layer_norm_graph_fallback_matches_kernel_path(self):
         runs = []
@@ -483,8 +470,7 @@ class TestMPSGraphPath(_StreamPoolTestCase):
     def test_malformed_force_graph_path_is_a_clear_error(self):
         for value in ("true", "2", " 1"):
             with self.subTest(value=value):
-                result = self._child("graph_probe", env={GRAPH_ENV: value})
-                self.assertIn(GRAPH_ENV, result["outcome"])
+                self.assertIn(GRAPH_ENV, self._child("graph_probe", env={GRAPH_ENV: value})["outcome"])
 
 
 class TestMPSFork(_StreamPoolTestCase):
@@ -633,8 +619,7 @@ def _child_graph_probe(device):
 
 
 def _child_main(argv):
-    r"""``SCENARIO [--option value]...`` calls ``_child_SCENARIO(device="mps", option=value, ...)``, digits
-    passed as ints, and prints its result as JSON."""
+    r"""``SCENARIO [--option value]...``: prints ``_child_SCENARIO(device="mps", option=value, ...)`` as JSON."""
     scenario, *options = argv
     kwargs = {"device": "mps"}
     for option, value in zip(options[::2], options[1::2]):
