@@ -545,6 +545,9 @@ def _child_timeout(device, holders=WORKER_STREAMS, timeout_ms=1000):
 
 def _child_churn(device, total=256, wave=16, release="explicit", hold=WORKER_STREAMS):
     r"""``total`` short-lived threads (``wave`` at a time), then ``hold`` threads that lease at once."""
+    if release not in ("explicit", "exit"):
+        raise ValueError(f"release={release!r}: expected 'explicit' or 'exit'")
+
     def churn(i):
         outcome = _probe(device, i)
         if release == "explicit":
@@ -621,6 +624,8 @@ def _child_graph_probe(device):
 def _child_main(argv):
     r"""``SCENARIO [--option value]...``: prints ``_child_SCENARIO(device="mps", option=value, ...)`` as JSON."""
     scenario, *options = argv
+    if len(options) % 2 or not all(o.startswith("--") for o in options[::2]):
+        raise SystemExit(f"usage: {CHILD_FLAG} SCENARIO [--option value]..., got {argv}")
     kwargs = {"device": "mps"}
     for option, value in zip(options[::2], options[1::2]):
         kwargs[option.removeprefix("--").replace("-", "_")] = int(value) if value.isdigit() else value
