@@ -1,15 +1,10 @@
 # Owner(s): ["module: mps"]
-r"""Tests for running MPS work from many threads at once (the MPS stream pool).
+r"""Tests for MPS work from many threads at once (the MPS stream pool), against CPU references.
 
-Models run from many threads against a CPU reference, tensors cross threads
-without synchronization, streams switch through ``torch.mps``,
-``torch.Stream``, ``torch.Event`` and ``torch.accelerator``; the environment
-variables and fork are checked in subprocesses (``--mps-child SCENARIO``), as
-the pool reads its environment once per process. Classes take the device from
-their ``device`` attribute, so the thread handling can also be checked on CPU.
+Environment variables and fork are checked in child processes (``--mps-child SCENARIO``): the pool reads
+its environment once per process. Classes take the device from ``device``, so threading runs on CPU too.
 """
 
-import argparse
 import copy
 import json
 import multiprocessing
@@ -20,84 +15,59 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.utils._pytree import tree_map
 
 
 TEST_MPS = torch.backends.mps.is_available()
-# torch.mps.release_current_thread_slot comes with the stream pool.
-TEST_STREAM_POOL = TEST_MPS and hasattr(torch.mps, "release_current_thread_slot")
-
-# Worker streams of the pool: all slots but the default stream's; see
-# Note [MPS stream pool] in aten/src/ATen/mps/MPSStreamPool.h.
-WORKER_STREAMS = 31
+TEST_STREAM_POOL = TEST_MPS and hasattr(torch.mps, "release_current_thread_slot")  # comes with the pool
+WORKER_STREAMS = 31  # all pool slots but the default stream's; see Note [MPS stream pool] in MPSStreamPool.h
 POOL_ENV = "MPS_STREAM_POOL_WAIT_TIMEOUT_MS"
 GRAPH_ENV = "MPS_FORCE_GRAPH_PATH"
 CHILD_FLAG = "--mps-child"
 TIMEOUT = 300  # seconds; a hang fails the test instead of blocking the suite
 
 
-# ------------------------------------------------------------------ helpers
-
 class _Threads:
-    r"""Runs ``fn(i)`` for ``i in range(n)``, one new thread each; a raising thread aborts ``barrier``."""
+    r"""Starts ``fn(i)`` for ``i in range(n)``, one new thread each; a raising thread aborts ``barrier``.
+    :meth:`join` returns the results in order, or raises the first error a thread raised."""
 
     def __init__(self, fn, n, barrier=None):
-        self.results = [None] * n
-        self.errors = []
-        self._barrier = barrier
+        self.results, self.errors = [None] * n, []
 
         def body(i):
             try:
                 self.results[i] = fn(i)
             except BaseException as exc:
-                self.errors.append((i, exc, traceback.format_exc()))
-                if self._barrier is not None:
-                    self._barrier.abort()
+                self.errors.append(exc)
+                if barrier is not None:
+                    barrier.abort()
 
         self._threads = [threading.Thread(target=body, args=(i,), name=f"mps-parallel-{i}", daemon=True)
                          for i in range(n)]
         for t in self._threads:
             t.start()
 
-    def join(self, timeout=TIMEOUT):
-        deadline = time.monotonic() + timeout
+    def join(self):
+        deadline = time.monotonic() + TIMEOUT
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        hung = [t.name for t in self._threads if t.is_alive()]
-        if hung:
-            raise AssertionError(f"threads still running after {timeout} s: {hung}")
+        if hung := [t.name for t in self._threads if t.is_alive()]:
+            raise AssertionError(f"threads still running after {TIMEOUT} s: {hung}")
         if self.errors:
-            i, exc, tb = min(self.errors, key=lambda e: e[0])
-            raise AssertionError(f"thread {i} failed:\n{tb}") from exc
+            raise self.errors[0]
         return self.results
 
 
-def _run_threads(fn, n, barrier=None):
-    return _Threads(fn, n, barrier).join()
-
-
-def _to_cpu(value):
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    return type(value)(_to_cpu(v) for v in value)
-
-
 def _probe(device, i):
-    r"""A few ops on the calling thread's current stream; True if the result is right."""
-    x = torch.full((256,), float(i), device=device)
-    return (x * 2 + 1).sum().item() == 256 * (2 * i + 1)
-
-
-def _probe_outcome(device, i):
-    r"""``"ok"``, ``"wrong value"``, or the message of the error the probe raised."""
+    r"""A few ops on the calling thread's current stream: ``"ok"``, ``"wrong value"`` or the error's message."""
     try:
-        return "ok" if _probe(device, i) else "wrong value"
+        x = torch.full((256,), float(i), device=device)
+        return "ok" if (x * 2 + 1).sum().item() == 256 * (2 * i + 1) else "wrong value"
     except RuntimeError as exc:
         return str(exc)
 
@@ -107,50 +77,43 @@ def _release_slot(device):
         torch.mps.release_current_thread_slot()
 
 
-class _SelfAttention(nn.Module):
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
-
+class _SelfAttention(nn.MultiheadAttention):
     def forward(self, x):
-        return self.attn(x, x, x, need_weights=True)
+        return super().forward(x, x, x, need_weights=True)
 
 
-# name: (model factory, shape of one input, atol, rtol)
+# name: (model factory, shape of one input, atol and rtol)
 MODELS = {
-    "linear": (lambda: nn.Linear(256, 128), (4, 256), 1e-4, 1e-4),
-    "mlp": (lambda: nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.GELU(),
-                                  nn.Linear(128, 10)), (8, 64), 1e-4, 1e-4),
+    "linear": (lambda: nn.Linear(256, 128), (4, 256), 1e-4),
+    "mlp": (lambda: nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 10)),
+            (8, 64), 1e-4),
     "conv2d": (lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, stride=2)),
-               (2, 3, 16, 16), 1e-4, 1e-4),
-    "layer_norm": (lambda: nn.LayerNorm(64), (4, 16, 64), 1e-4, 1e-4),
-    "multihead_attention": (lambda: _SelfAttention(64, 4), (2, 10, 64), 2e-4, 2e-4),
+               (2, 3, 16, 16), 1e-4),
+    "layer_norm": (lambda: nn.LayerNorm(64), (4, 16, 64), 1e-4),
+    "multihead_attention": (lambda: _SelfAttention(64, 4, batch_first=True), (2, 10, 64), 2e-4),
     "transformer_encoder_layer": (lambda: nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.0,
-                                                                     batch_first=True),
-                                  (2, 10, 64), 2e-4, 2e-4),
+                                                                     batch_first=True), (2, 10, 64), 2e-4),
 }
 
 
-def _parallel_forward(name, num_threads, iters, device, seed=0):
+def _check_parallel_forward(name, num_threads, iters, device, seed=0):
     r"""Runs model ``name``, shared, from ``num_threads`` threads at once, each on its own inputs, queueing
-    all forwards before reading any back. Returns per-thread outputs, CPU references, atol and rtol.
-    """
-    make_model, shape, atol, rtol = MODELS[name]
+    all forwards before reading any back, and compares the outputs with the CPU model's."""
+    make_model, shape, tol = MODELS[name]
     torch.manual_seed(seed)
     model = make_model().eval()
     inputs = [[torch.randn(shape) for _ in range(iters)] for _ in range(num_threads)]
     with torch.no_grad():
-        expected = [[_to_cpu(model(x)) for x in xs] for xs in inputs]
+        expected = [[model(x) for x in xs] for xs in inputs]
     dev_model = copy.deepcopy(model).to(device)
     barrier = threading.Barrier(num_threads, timeout=TIMEOUT)
 
     def work(t):
         barrier.wait()
         with torch.no_grad():  # grad mode is per thread
-            outs = [dev_model(x.to(device)) for x in inputs[t]]
-        return [_to_cpu(o) for o in outs]
+            return tree_map(torch.Tensor.cpu, [dev_model(x.to(device)) for x in inputs[t]])
 
-    return _run_threads(work, num_threads, barrier), expected, atol, rtol
+    torch.testing.assert_close(_Threads(work, num_threads, barrier).join(), expected, atol=tol, rtol=tol)
 
 
 def _chain(x, w, steps):
@@ -161,11 +124,7 @@ def _chain(x, w, steps):
     return y
 
 
-# ----------------------------------------------------------------- test cases
-
 class _DeviceTestCase(TestCase):
-    r"""Runs on ``device``; skips when that is MPS and MPS is unavailable."""
-
     device = "mps"
     iters = 10
 
@@ -175,19 +134,15 @@ class _DeviceTestCase(TestCase):
             self.skipTest("MPS is not available")
 
 
-class _StreamPoolTestCase(TestCase):
-    device = "mps"
-
+class _StreamPoolTestCase(_DeviceTestCase):
     def setUp(self):
         super().setUp()
         if not TEST_STREAM_POOL:
             self.skipTest("needs MPS and PyTorch built with the MPS stream pool")
 
     def _child(self, *args, env=None):
-        r"""Runs a child scenario in a fresh interpreter, with the pool's variables cleared and then
-        ``env`` set (None: left unset), and returns its JSON result."""
-        child_env = {k: v for k, v in os.environ.items() if k not in (POOL_ENV, GRAPH_ENV)}
-        child_env.update({k: v for k, v in (env or {}).items() if v is not None})
+        r"""Runs a scenario in a fresh interpreter, the pool's variables cleared, then ``env`` set."""
+        child_env = {k: v for k, v in os.environ.items() if k not in (POOL_ENV, GRAPH_ENV)} | (env or {})
         cmd = [sys.executable, os.path.abspath(__file__), CHILD_FLAG, *args, "--device", self.device]
         proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=TIMEOUT)
         if proc.returncode != 0 or not proc.stdout.strip():
@@ -200,9 +155,7 @@ class TestMPSParallelForward(_DeviceTestCase):
     def _check_parallel(self, name):
         for num_threads in (2, 4, 8, 16):
             with self.subTest(model=name, threads=num_threads):
-                actual, expected, atol, rtol = _parallel_forward(name, num_threads, self.iters, self.device,
-                                                                 seed=num_threads)
-                self.assertEqual(actual, expected, atol=atol, rtol=rtol)
+                _check_parallel_forward(name, num_threads, self.iters, self.device, seed=num_threads)
 
 
 for _name in MODELS:  # one test per model
@@ -215,92 +168,73 @@ class TestMPSCrossThread(_DeviceTestCase):
     busy_size = 2048  # of the matmuls that keep a stream busy while another thread acts
 
     def test_pipeline_main_weights_worker_inputs_main_reads(self):
-        # Weights written on the main thread, inputs written by producer threads,
-        # consumed by other consumer threads, outputs read and reused on the main thread.
-        torch.manual_seed(0)
+        # Weights written on the main thread, inputs by producers, read by consumers, outputs reused on the main thread.
         model = MODELS["mlp"][0]().eval()
         dev_model = copy.deepcopy(model).to(self.device)
         with torch.no_grad():  # a last write to every weight, queued on the main thread's stream
-            for p, dp in zip(model.parameters(), dev_model.parameters()):
+            for p in (*model.parameters(), *dev_model.parameters()):
                 p.mul_(0.5)
-                dp.mul_(0.5)
         producers, consumers, per_producer = 4, 4, 8
         raw = [torch.randn(8, 64) for _ in range(producers * per_producer)]
-        made, done = queue.Queue(), queue.Queue()
+        made, outs = queue.Queue(), [None] * len(raw)
 
         def produce(p):
             for k in range(p, len(raw), producers):
                 made.put((k, raw[k].to(self.device) * 2 + 1))
 
-        def consume(c):
+        def consume(_):
             with torch.no_grad():
-                while True:
-                    item = made.get(timeout=TIMEOUT)
-                    if item is None:
-                        return
-                    k, x = item
-                    done.put((k, dev_model(x)))
+                while (item := made.get(timeout=TIMEOUT)) is not None:
+                    outs[item[0]] = dev_model(item[1])
 
         consumer_threads = _Threads(consume, consumers)
-        _run_threads(produce, producers)  # producers exit before their outputs are consumed
+        _Threads(produce, producers).join()  # producers exit before their outputs are consumed
         for _ in range(consumers):
             made.put(None)
         consumer_threads.join()
 
-        outs = dict(done.get(timeout=TIMEOUT) for _ in raw)
         with torch.no_grad():
-            ref = {k: model(x * 2 + 1) for k, x in enumerate(raw)}
-        for k in range(len(raw)):
-            y = outs[k]
-            self.assertEqual(y.cpu(), ref[k], atol=1e-4, rtol=1e-4)
+            ref = [model(x * 2 + 1) for x in raw]
+        self.assertEqual([y.cpu() for y in outs], ref, atol=1e-4, rtol=1e-4)
         # Worker outputs fed into more ops on the main thread.
-        total = torch.stack([outs[k] for k in range(len(raw))]).relu().sum(0) * 3
-        expected = torch.stack([ref[k] for k in range(len(raw))]).relu().sum(0) * 3
-        self.assertEqual(total.cpu(), expected, atol=1e-3, rtol=1e-4)
+        total = torch.stack(outs).relu().sum(0) * 3
+        self.assertEqual(total.cpu(), torch.stack(ref).relu().sum(0) * 3, atol=1e-3, rtol=1e-4)
 
     def test_in_place_updates_across_threads(self):
         # Each thread in turn updates the same tensor in place (write after write).
         x_cpu = torch.randn(512, 512)
         x = x_cpu.to(self.device, copy=True)
-
-        def update(_):
-            x.mul_(0.5).add_(1)
-
         for _ in range(6):
-            _run_threads(update, 1)
+            _Threads(lambda _: x.mul_(0.5).add_(1), 1).join()
             x_cpu.mul_(0.5).add_(1)
         self.assertEqual(x.cpu(), x_cpu)
 
     def test_write_after_read_across_threads(self):
-        # The main thread queues a read of `a` behind long work; a worker then
-        # overwrites `a`. The read must still see the old contents.
-        torch.manual_seed(0)
+        # A worker overwrites `a` while the main thread's read of it waits behind long work; the read sees the old `a`.
         a_cpu, w_cpu = torch.randn(512, 512), torch.randn(512, 512) / 23
         a, w = a_cpu.to(self.device, copy=True), w_cpu.to(self.device)
         big = (torch.randn(self.busy_size, self.busy_size) / self.busy_size ** 0.5).to(self.device)
         _chain(big, big, 16)
         b = a @ w
-        _run_threads(lambda _: a.zero_(), 1)
+        _Threads(lambda _: a.zero_(), 1).join()
         self.assertEqual(b.cpu(), a_cpu @ w_cpu, atol=1e-4, rtol=1e-4)
         self.assertEqual(a.cpu(), torch.zeros(512, 512))
 
     def test_outputs_of_exited_threads(self):
         # Threads queue work and exit at once; the main thread reads the results.
-        torch.manual_seed(0)
         w_cpu = torch.randn(256, 256) / 16
         xs = [torch.randn(256, 256) for _ in range(12)]
         w = w_cpu.to(self.device)
-        outs = _run_threads(lambda i: _chain(xs[i].to(self.device), w, 4), len(xs))
-        for out, x in zip(outs, xs):
-            self.assertEqual(out.cpu(), _chain(x, w_cpu, 4), atol=1e-4, rtol=1e-4)
+        outs = _Threads(lambda i: _chain(xs[i].to(self.device), w, 4), len(xs)).join()
+        self.assertEqual([o.cpu() for o in outs], [_chain(x, w_cpu, 4) for x in xs], atol=1e-4, rtol=1e-4)
 
 
 class TestMPSThreadChurn(_DeviceTestCase):
     def test_many_short_lived_threads(self):
         for wave in range(16):
-            ok = _run_threads(lambda i: _probe(self.device, wave * 16 + i), 16)
-            self.assertTrue(all(ok), f"wave {wave}: {ok}")
-        self.assertTrue(_probe(self.device, 7))
+            outcomes = _Threads(lambda i: _probe(self.device, wave * 16 + i), 16).join()
+            self.assertEqual(outcomes, ["ok"] * 16, f"wave {wave}")
+        self.assertEqual(_probe(self.device, 7), "ok")
 
 
 class TestMPSStreams(_StreamPoolTestCase):
@@ -316,12 +250,12 @@ class TestMPSStreams(_StreamPoolTestCase):
 
         def work(_):
             first = torch.mps.current_stream()
-            self.assertTrue(_probe("mps", 1))
+            self.assertEqual(_probe("mps", 1), "ok")
             self.assertEqual(torch.mps.current_stream(), first)
             barrier.wait()  # all threads hold their streams at once
             return first.stream_id
 
-        ids = _run_threads(work, n, barrier)
+        ids = _Threads(work, n, barrier).join()
         self.assertEqual(len(set(ids)), n, ids)
         self.assertNotIn(0, ids)
 
@@ -331,16 +265,16 @@ class TestMPSStreams(_StreamPoolTestCase):
         self.assertEqual(torch.mps.current_stream(), before)
 
         def work(i):
-            ok = _probe("mps", i)
+            first = _probe("mps", i)
             torch.mps.release_current_thread_slot()
-            ok = ok and _probe("mps", 1000 + i)  # leases again
+            second = _probe("mps", 1000 + i)  # leases again
             self.assertNotEqual(torch.mps.current_stream().stream_id, 0)
             torch.mps.release_current_thread_slot()
-            return ok
+            return first, second
 
         for wave in range(8):
-            self.assertTrue(all(_run_threads(lambda i: work(wave * 16 + i), 16)))
-        self.assertTrue(_probe("mps", 3))
+            self.assertEqual(_Threads(lambda i: work(wave * 16 + i), 16).join(), [("ok", "ok")] * 16)
+        self.assertEqual(_probe("mps", 3), "ok")
 
     def test_stream_context_manager(self):
         x_cpu = torch.randn(64, 64)
@@ -358,9 +292,8 @@ class TestMPSStreams(_StreamPoolTestCase):
         self.assertEqual(torch.mps.current_stream(), prev)
         with torch.mps.stream(None):
             self.assertEqual(torch.mps.current_stream(), prev)
-        with self.assertRaises(ValueError):
-            with torch.mps.stream(s1):
-                raise ValueError("leaves the block")
+        with self.assertRaises(ValueError), torch.mps.stream(s1):
+            raise ValueError("leaves the block")
         self.assertEqual(torch.mps.current_stream(), prev)
         prev.wait_stream(s2)
         self.assertEqual(z.cpu(), x_cpu * 2 + 1)
@@ -397,7 +330,6 @@ class TestMPSStreams(_StreamPoolTestCase):
             self.assertEqual(worker.join(), [24.0])
 
     def test_record_stream(self):
-        torch.manual_seed(0)
         x_cpu, w_cpu = torch.randn(1024, 1024), torch.randn(1024, 1024) / 32
         x, w = x_cpu.to("mps"), w_cpu.to("mps")
         s = torch.Stream(device="mps")
@@ -412,7 +344,6 @@ class TestMPSStreams(_StreamPoolTestCase):
         self.assertEqual(junk[0].cpu(), torch.full((1024, 1024), 7.0))
 
     def test_event_record_on_one_stream_wait_on_another(self):
-        torch.manual_seed(0)
         x_cpu, w_cpu = torch.randn(1024, 1024), torch.randn(1024, 1024) / 32
         x, w = x_cpu.to("mps"), w_cpu.to("mps")
         s1, s2 = torch.Stream(device="mps"), torch.Stream(device="mps")
@@ -430,7 +361,6 @@ class TestMPSStreams(_StreamPoolTestCase):
         self.assertEqual(b.cpu(), _chain(x_cpu, w_cpu, 8) * 2 + 1, atol=1e-4, rtol=1e-4)
 
     def test_event_from_worker_thread(self):
-        torch.manual_seed(0)
         x_cpu, w_cpu = torch.randn(1024, 1024), torch.randn(1024, 1024) / 32
 
         def produce(_):
@@ -439,11 +369,10 @@ class TestMPSStreams(_StreamPoolTestCase):
             event.record()  # on the worker's stream
             return a, event, torch.mps.current_stream()
 
-        (a, event, worker_stream), = _run_threads(produce, 1)
+        (a, event, worker_stream), = _Threads(produce, 1).join()
         self.assertNotEqual(worker_stream, torch.mps.current_stream())
         torch.mps.current_stream().wait_event(event)
-        b = a + 1
-        self.assertEqual(b.cpu(), _chain(x_cpu, w_cpu, 8) + 1, atol=1e-4, rtol=1e-4)
+        self.assertEqual((a + 1).cpu(), _chain(x_cpu, w_cpu, 8) + 1, atol=1e-4, rtol=1e-4)
         event.synchronize()
         self.assertTrue(event.query())
 
@@ -454,9 +383,8 @@ class TestMPSStreams(_StreamPoolTestCase):
                 handed, release = queue.Queue(), threading.Event()
 
                 def work(i):
-                    x = torch.randn(2048, 2048).to("mps")
-                    for _ in range(16):
-                        x = torch.tanh(x @ x / 45)
+                    x = torch.randn(2048, 2048).to("mps") / 45
+                    _chain(x, x, 16)  # long work, left unsynchronized
                     event = torch.Event(device="mps")
                     event.record()
                     handed.put((event, torch.mps.current_stream()))
@@ -474,10 +402,8 @@ class TestMPSStreams(_StreamPoolTestCase):
 
     def test_batch_queue_is_exported(self):
         from torch.mps.batch_queue import BatchQueue, batch_inference
-
         self.assertIs(torch.mps.BatchQueue, BatchQueue)
         self.assertIs(torch.mps.batch_inference, batch_inference)
-        torch.manual_seed(0)
         model = nn.Linear(32, 8).eval()
         inputs = [torch.randn(32) for _ in range(64)]
         outs = torch.mps.batch_inference(copy.deepcopy(model).to("mps"), inputs, max_batch=16, num_threads=16,
@@ -491,8 +417,7 @@ class TestMPSStreamPoolEnvironment(_StreamPoolTestCase):
     r"""Each mode of MPS_STREAM_POOL_WAIT_TIMEOUT_MS, in a fresh process."""
 
     def test_unset_shares_streams_and_never_fails(self):
-        result = self._child("hold", "--threads", "40")
-        self.assertEqual(result, {"ok": 40, "errors": []})
+        self.assertEqual(self._child("hold", "--threads", "40"), {"ok": 40, "errors": []})
 
     def test_zero_raises_an_error_naming_the_variable(self):
         result = self._child("hold", "--threads", "40", env={POOL_ENV: "0"})
@@ -503,12 +428,10 @@ class TestMPSStreamPoolEnvironment(_StreamPoolTestCase):
             self.assertIn("release_current_thread_slot", message)
 
     def test_minus_one_waits_until_a_stream_is_released(self):
-        result = self._child("release", "--threads", "40", env={POOL_ENV: "-1"})
-        self.assertEqual(result, {"ok": 40, "errors": []})
+        self.assertEqual(self._child("release", "--threads", "40", env={POOL_ENV: "-1"}), {"ok": 40, "errors": []})
 
     def test_timeout_raises_or_succeeds(self):
-        result = self._child("timeout", "--holders", str(WORKER_STREAMS), "--timeout-ms", "1000",
-                             env={POOL_ENV: "1000"})
+        result = self._child("timeout", "--timeout-ms", "1000", env={POOL_ENV: "1000"})  # all worker streams held
         self.assertIn(POOL_ENV, result["first"])
         self.assertGreaterEqual(result["first_ms"], 900)
         self.assertEqual(result["second"], "ok")
@@ -521,27 +444,25 @@ class TestMPSStreamPoolEnvironment(_StreamPoolTestCase):
                 self.assertIn(value, result["outcome"])
 
     def test_churn_returns_every_lease(self):
-        # After many threads came and went, all worker streams can be leased at once again.
+        # After 256 threads came and went, all worker streams can be leased at once again (the scenario's defaults).
         for release, mode in (("explicit", "0"), ("exit", "-1")):
             with self.subTest(release=release):
-                result = self._child("churn", "--total", "256", "--release", release,
-                                     "--hold", str(WORKER_STREAMS), env={POOL_ENV: mode})
+                result = self._child("churn", "--release", release, env={POOL_ENV: mode})
                 self.assertEqual(result, {"churn_ok": 256, "ok": WORKER_STREAMS, "errors": []})
 
 
 class TestMPSGraphPath(_StreamPoolTestCase):
     def test_force_graph_path_matches_cpu(self):
-        result = self._child("parallel", "--threads", "8", env={GRAPH_ENV: "1"})
-        self.assertEqual(result, {name: "ok" for name in MODELS})
+        self.assertEqual(self._child("parallel", "--threads", "8", env={GRAPH_ENV: "1"}), dict.fromkeys(MODELS, "ok"))
 
     def test_layer_norm_graph_fallback_matches_kernel_path(self):
+        runs = []
         with tempfile.TemporaryDirectory() as tmp:
-            runs = {}
-            for path, value in (("kernel", None), ("graph", "1")):
-                out = os.path.join(tmp, path + ".pt")
-                self._child("outputs", "--out", out, env={GRAPH_ENV: value})
-                runs[path] = torch.load(out)
-        kernel, graph = runs["kernel"], runs["graph"]
+            for env in ({}, {GRAPH_ENV: "1"}):  # the Metal-kernel path, then the graph path
+                out = os.path.join(tmp, f"{len(runs)}.pt")
+                self._child("outputs", "--out", out, env=env)
+                runs.append(torch.load(out))
+        kernel, graph = runs
         self.assertEqual(graph["device"], kernel["device"], atol=1e-5, rtol=1.3e-6)
         self.assertEqual(kernel["device"], kernel["cpu"], atol=1e-5, rtol=1e-5)
         self.assertEqual(graph["device"], graph["cpu"], atol=1e-5, rtol=1e-5)
@@ -549,8 +470,7 @@ class TestMPSGraphPath(_StreamPoolTestCase):
     def test_malformed_force_graph_path_is_a_clear_error(self):
         for value in ("true", "2", " 1"):
             with self.subTest(value=value):
-                result = self._child("graph_probe", env={GRAPH_ENV: value})
-                self.assertIn(GRAPH_ENV, result["outcome"])
+                self.assertIn(GRAPH_ENV, self._child("graph_probe", env={GRAPH_ENV: value})["outcome"])
 
 
 class TestMPSFork(_StreamPoolTestCase):
@@ -561,90 +481,83 @@ class TestMPSFork(_StreamPoolTestCase):
         self.assertIn("fork", (result["message"] or "").lower())
 
 
-# ------------------------------------------------------ subprocess scenarios
-
-def _child_hold(device, threads):
-    r"""All threads make their first MPS use, then wait for each other: leases are held at once."""
-    barrier = threading.Barrier(threads, timeout=TIMEOUT)
-
-    def work(i):
-        outcome = _probe_outcome(device, i)
-        barrier.wait()
-        return outcome
-
-    return _tally(_run_threads(work, threads, barrier))
-
-
 def _tally(outcomes):
     return {"ok": outcomes.count("ok"), "errors": [o for o in outcomes if o != "ok"]}
 
 
-def _child_release(device, threads):
+def _child_probe(device):
+    return {"outcome": _probe(device, 5)}
+
+
+def _child_hold(device, threads=8):
+    r"""All threads make their first MPS use, then wait for each other: leases are held at once."""
+    barrier = threading.Barrier(threads, timeout=TIMEOUT)
+
+    def work(i):
+        outcome = _probe(device, i)
+        barrier.wait()
+        return outcome
+
+    return _tally(_Threads(work, threads, barrier).join())
+
+
+def _child_release(device, threads=8):
     r"""Threads hold their stream briefly; even ones release it explicitly, odd ones by exiting."""
     def work(i):
-        outcome = _probe_outcome(device, i)
+        outcome = _probe(device, i)
         time.sleep(0.01)
         if i % 2 == 0:
             _release_slot(device)
         return outcome
 
-    return _tally(_run_threads(work, threads))
+    return _tally(_Threads(work, threads).join())
 
 
-def _child_timeout(device, holders, timeout_ms):
+def _child_timeout(device, holders=WORKER_STREAMS, timeout_ms=1000):
     r"""With every worker stream held, a new thread times out; once one is released, one succeeds."""
-    ready = threading.Semaphore(0)
+    ready = threading.Barrier(holders + 1, timeout=TIMEOUT)
     release, finish = threading.Event(), threading.Event()
 
     def hold(i):
-        outcome = _probe_outcome(device, i)
-        ready.release()
+        outcome = _probe(device, i)
+        ready.wait()
         if i == 0:
             release.wait(TIMEOUT)
             _release_slot(device)
         finish.wait(TIMEOUT)
         return outcome
 
-    holding = _Threads(hold, holders)
+    holding = _Threads(hold, holders, ready)
     try:
-        for _ in range(holders):
-            if not ready.acquire(timeout=TIMEOUT):
-                raise RuntimeError("holder threads did not start")
+        ready.wait()
         start = time.monotonic()
-        first = _run_threads(lambda i: _probe_outcome(device, 100), 1)[0]
+        (first,) = _Threads(lambda i: _probe(device, 100), 1).join()
         first_ms = (time.monotonic() - start) * 1000
-        waiting = _Threads(lambda i: _probe_outcome(device, 101), 1)
+        waiting = _Threads(lambda i: _probe(device, 101), 1)
         time.sleep(timeout_ms / 4000)
         release.set()
-        second = waiting.join()[0]
+        (second,) = waiting.join()
     finally:
         release.set()
         finish.set()
-    held = holding.join()
-    return {"first": first, "first_ms": first_ms, "second": second, "held_ok": held.count("ok")}
+    return {"first": first, "first_ms": first_ms, "second": second, "held_ok": holding.join().count("ok")}
 
 
-def _child_churn(device, total, wave, release, hold):
+def _child_churn(device, total=256, wave=16, release="explicit", hold=WORKER_STREAMS):
     r"""``total`` short-lived threads (``wave`` at a time), then ``hold`` threads that lease at once."""
+    if release not in ("explicit", "exit"):
+        raise ValueError(f"release={release!r}: expected 'explicit' or 'exit'")
+
     def churn(i):
-        ok = _probe(device, i)
+        outcome = _probe(device, i)
         if release == "explicit":
             _release_slot(device)
-        return ok
+        return outcome
 
-    churn_ok = 0
+    outcomes = []
     for start in range(0, total, wave):
-        churn_ok += sum(_run_threads(lambda i: churn(start + i), min(wave, total - start)))
-    result = _child_hold(device, hold)
-    result["churn_ok"] = churn_ok
-    return result
-
-
-def _fork_target(device, conn):
-    try:
-        conn.send("ok" if _probe(device, 2) else "wrong value")
-    except Exception as exc:
-        conn.send(f"{type(exc).__name__}: {exc}")
+        outcomes += _Threads(lambda i: churn(start + i), min(wave, total - start)).join()
+    return dict(_child_hold(device, hold), churn_ok=outcomes.count("ok"))
 
 
 def _child_fork(device):
@@ -652,7 +565,7 @@ def _child_fork(device):
     _probe(device, 1)
     ctx = multiprocessing.get_context("fork")
     receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_fork_target, args=(device, sender))
+    proc = ctx.Process(target=lambda: sender.send(_probe(device, 2)))
     proc.start()
     sender.close()
     message = receiver.recv() if receiver.poll(TIMEOUT) else None
@@ -660,13 +573,12 @@ def _child_fork(device):
     return {"message": message, "exitcode": proc.exitcode}
 
 
-def _child_parallel(device, threads):
+def _child_parallel(device, threads=8):
     r"""Every model of MODELS from ``threads`` threads; ``"ok"`` or the mismatch per model."""
     result = {}
     for name in MODELS:
-        actual, expected, atol, rtol = _parallel_forward(name, threads, 4, device)
         try:
-            torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol)
+            _check_parallel_forward(name, threads, 4, device)
             result[name] = "ok"
         except AssertionError as exc:
             result[name] = str(exc)
@@ -682,7 +594,11 @@ def _child_outputs(device, out):
         (nn.LayerNorm(256, elementwise_affine=False), (2, 256)),
         (nn.LayerNorm(1024, eps=1e-3), (8, 1024)),
         (nn.Linear(256, 128), (4, 256)),
+        (nn.LayerNorm(48), (5, 48)),
+        (nn.LayerNorm(48), (5, 48)),
     ]
+    cases[-2][0].bias = None  # a weight without a bias
+    cases[-1][0].weight = None  # a bias without a weight
     dev_outs, cpu_outs = [], []
     with torch.no_grad():
         for module, shape in cases:
@@ -691,56 +607,29 @@ def _child_outputs(device, out):
             x = torch.randn(shape) * 3 + 1
             cpu_outs.append(module(x))
             dev_outs.append(copy.deepcopy(module).to(device)(x.to(device)).cpu())
-        w, b = torch.randn(48), torch.randn(48)
-        x = torch.randn(5, 48)
-        cpu_outs.append(F.layer_norm(x, (48,), weight=w, bias=None))
-        dev_outs.append(F.layer_norm(x.to(device), (48,), weight=w.to(device), bias=None).cpu())
-        cpu_outs.append(F.layer_norm(x, (48,), weight=None, bias=b))
-        dev_outs.append(F.layer_norm(x.to(device), (48,), weight=None, bias=b.to(device)).cpu())
     torch.save({"device": dev_outs, "cpu": cpu_outs}, out)
     return {"saved": len(dev_outs)}
 
 
 def _child_graph_probe(device):
-    r"""A Linear and a LayerNorm forward, the ops that read MPS_FORCE_GRAPH_PATH."""
-    torch.manual_seed(0)
-    x = torch.randn(4, 64)
-    model = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64))
+    r"""A Linear and a LayerNorm forward, the ops that read MPS_FORCE_GRAPH_PATH: ``"ok"``, or what failed."""
     try:
-        with torch.no_grad():
-            ok = torch.allclose(copy.deepcopy(model).to(device)(x.to(device)).cpu(), model(x), atol=1e-4, rtol=1e-4)
-        return {"outcome": "ok" if ok else "wrong value"}
-    except RuntimeError as exc:
+        for name in ("linear", "layer_norm"):
+            _check_parallel_forward(name, 1, 1, device)
+        return {"outcome": "ok"}
+    except (AssertionError, RuntimeError) as exc:  # a mismatch, or an error from a thread or from here
         return {"outcome": str(exc)}
 
 
 def _child_main(argv):
-    parser = argparse.ArgumentParser(prog=f"test_mps_parallel.py {CHILD_FLAG}")
-    parser.add_argument("scenario", choices=["hold", "release", "timeout", "churn", "probe", "fork", "parallel",
-                                             "outputs", "graph_probe"])
-    parser.add_argument("--device", default="mps")
-    parser.add_argument("--threads", type=int, default=8)
-    parser.add_argument("--holders", type=int, default=WORKER_STREAMS)
-    parser.add_argument("--timeout-ms", type=int, default=1000)
-    parser.add_argument("--total", type=int, default=256)
-    parser.add_argument("--wave", type=int, default=16)
-    parser.add_argument("--release", choices=["explicit", "exit"], default="explicit")
-    parser.add_argument("--hold", type=int, default=WORKER_STREAMS)
-    parser.add_argument("--out")
-    args = parser.parse_args(argv)
-    d = args.device
-    run = {
-        "hold": lambda: _child_hold(d, args.threads),
-        "release": lambda: _child_release(d, args.threads),
-        "timeout": lambda: _child_timeout(d, args.holders, args.timeout_ms),
-        "churn": lambda: _child_churn(d, args.total, args.wave, args.release, args.hold),
-        "probe": lambda: {"outcome": _probe_outcome(d, 5)},
-        "fork": lambda: _child_fork(d),
-        "parallel": lambda: _child_parallel(d, args.threads),
-        "outputs": lambda: _child_outputs(d, args.out),
-        "graph_probe": lambda: _child_graph_probe(d),
-    }[args.scenario]
-    result = run()
+    r"""``SCENARIO [--option value]...``: prints ``_child_SCENARIO(device="mps", option=value, ...)`` as JSON."""
+    scenario, *options = argv
+    if len(options) % 2 or not all(o.startswith("--") for o in options[::2]):
+        raise SystemExit(f"usage: {CHILD_FLAG} SCENARIO [--option value]..., got {argv}")
+    kwargs = {"device": "mps"}
+    for option, value in zip(options[::2], options[1::2]):
+        kwargs[option.removeprefix("--").replace("-", "_")] = int(value) if value.isdigit() else value
+    result = globals()[f"_child_{scenario}"](**kwargs)
     print(json.dumps(result), flush=True)
     return result
 

@@ -1,10 +1,8 @@
 r"""Dynamic batching for inference requests issued from many threads.
 
-A thread that runs a model on its own pays the per-launch encoding, commit and
-synchronization cost for little arithmetic, and many such threads contend for
-the GPU. :class:`BatchQueue` gathers the single samples that threads submit
-and runs them through the model as one batch on a worker thread, so the GPU
-gets one large command buffer per batch instead of many small ones.
+A thread that runs a model on its own pays the launch, commit and synchronization cost for little
+arithmetic, and many such threads contend for the GPU. :class:`BatchQueue` runs the samples that
+threads submit as one batch on a worker thread: one large command buffer instead of many small ones.
 """
 
 import collections
@@ -96,24 +94,19 @@ def _signature(value):
 class BatchQueue:
     r"""Collects single-sample requests from many threads and runs them as batches.
 
-    Each submitted input is one sample without a batch dimension. A daemon
-    worker thread waits until ``max_batch`` samples are queued or ``max_wait_ms``
-    passed since the oldest of them arrived, collates them (``torch.stack``
-    along a new dim 0 by default; tuples, lists and dicts field-wise), calls
-    ``model(batch)`` once under :func:`torch.no_grad` and resolves each future
-    with that sample's slice of the output (views along dim 0 of a tensor, or
-    of each tensor in a tuple, list or dict). Inputs that cannot be collated
-    together (e.g. different shapes) run in separate batches.
+    Each submitted input is one sample without a batch dimension. A daemon worker thread waits until
+    ``max_batch`` samples are queued or ``max_wait_ms`` passed since the oldest of them arrived, collates
+    them (``torch.stack`` along a new dim 0 by default; tuples, lists and dicts field-wise), calls
+    ``model(batch)`` once under :func:`torch.no_grad` and resolves each future with that sample's slice
+    of the output (views along dim 0 of a tensor, or of each tensor in a tuple, list or dict). Inputs
+    that cannot be collated together (e.g. different shapes) run in separate batches.
 
     Args:
         model (callable): takes a batch, returns a batch of the same size along dim 0.
         max_batch (int): most samples per model call. Default: 8.
-        max_wait_ms (float): longest time the oldest queued sample waits for
-            more samples before a partial batch runs. Default: 5.0.
-        max_queue (int): number of waiting samples at which :meth:`submit`
-            blocks. Default: 1024.
-        device (torch.device or str, optional): where the batch is moved before
-            the model runs. Outputs are not moved back.
+        max_wait_ms (float): how long the oldest queued sample waits for more samples before a batch runs. Default: 5.0.
+        max_queue (int): number of waiting samples at which :meth:`submit` blocks. Default: 1024.
+        device (torch.device or str, optional): where batches are moved for the model; outputs are not moved back.
         collate (callable, optional): ``collate(list_of_inputs) -> batch``.
         split (callable, optional): ``split(output, n) -> sequence of n results``.
         name (str, optional): used in the worker thread's name.
@@ -160,25 +153,20 @@ class BatchQueue:
         return self._closed
 
     def submit(self, x, *, block=True, timeout=None):
-        r"""Queues one sample ``x`` and returns a :class:`concurrent.futures.Future`
-        for its output, or for the exception raised while collating or running its batch.
+        r"""Queues one sample ``x``; returns a :class:`concurrent.futures.Future` for its output or its batch's error.
 
-        When the queue is full, waits for room up to ``timeout`` seconds (forever
-        if ``None``), or not at all if ``block`` is ``False``, then raises
-        :class:`BatchQueueFull` (a ``queue.Full`` and ``TimeoutError``).
-        Raises ``RuntimeError`` once the queue is closed.
+        When the queue is full, waits for room up to ``timeout`` seconds (forever if ``None``), or not
+        at all if ``block`` is ``False``, then raises :class:`BatchQueueFull` (a ``queue.Full`` and
+        ``TimeoutError``). Raises ``RuntimeError`` once the queue is closed.
         """
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"BatchQueue: timeout must be a non-negative number or None, got {timeout!r}")
         future = concurrent.futures.Future()
         with self._lock:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while not self._closed and len(self._pending) >= self._max_queue:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if not block or (remaining is not None and remaining <= 0):
-                    raise BatchQueueFull(f"BatchQueue: queue is full (max_queue={self._max_queue})"
-                                         + (f"; no room within {timeout} s" if block else ""))
-                self._not_full.wait(remaining)
+            if not self._not_full.wait_for(lambda: self._closed or len(self._pending) < self._max_queue,
+                                           timeout if block else 0):
+                raise BatchQueueFull(f"BatchQueue: queue is full (max_queue={self._max_queue})"
+                                     + (f"; no room within {timeout} s" if block else ""))
             if self._closed:
                 raise RuntimeError("BatchQueue is closed")
             self._pending.append(_Item(x, future, time.monotonic()))
@@ -198,8 +186,7 @@ class BatchQueue:
 
         Args:
             wait (bool): block until the worker thread has exited.
-            cancel_pending (bool): cancel the samples still queued instead of
-                running them. A batch already running completes.
+            cancel_pending (bool): cancel the queued samples instead of running them; a running batch completes.
         """
         dropped = ()
         with self._lock:
@@ -219,31 +206,23 @@ class BatchQueue:
         self.close()
 
     def stats(self):
-        r"""Returns a dict of counters: ``submitted``, ``completed``, ``failed``,
-        ``cancelled``, ``queued`` (waiting now), ``batches`` (model calls),
-        ``mean_batch_size`` and ``max_batch_size``."""
+        r"""Returns a dict of counters: ``submitted``, ``completed``, ``failed``, ``cancelled``, ``queued``
+        (waiting now), ``batches`` (model calls), ``mean_batch_size`` and ``max_batch_size``."""
         with self._lock:
             c = dict(self._counts, queued=len(self._pending))
-        batched = c.pop("batched_items")
-        c["mean_batch_size"] = batched / c["batches"] if c["batches"] else 0.0
+        c["mean_batch_size"] = c.pop("batched_items") / max(c["batches"], 1)
         return c
 
-    # Worker side. Futures are set running before collation, so a caller can
-    # cancel only while its sample is queued; afterwards exactly one of
-    # set_result / set_exception is called for it.
+    # Worker side. Futures are set running before collation, so a caller can cancel only while its
+    # sample is queued; afterwards exactly one of set_result / set_exception is called for it.
 
     def _next_batch(self):
         with self._lock:
-            while not self._pending and not self._closed:
-                self._not_empty.wait()
+            self._not_empty.wait_for(lambda: self._pending or self._closed)
             if not self._pending:
                 return None  # closed and drained
-            deadline = self._pending[0].arrival + self._max_wait
-            while len(self._pending) < self._max_batch and not self._closed:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._not_empty.wait(remaining)
+            self._not_empty.wait_for(lambda: len(self._pending) >= self._max_batch or self._closed,
+                                     self._pending[0].arrival + self._max_wait - time.monotonic())
             n = min(self._max_batch, len(self._pending))
             items = [self._pending.popleft() for _ in range(n)]
             self._not_full.notify(n)
@@ -309,18 +288,15 @@ class BatchQueue:
         with self._lock:
             for key, delta in deltas.items():
                 self._counts[key] += delta
-            if "batched_items" in deltas:
-                self._counts["max_batch_size"] = max(self._counts["max_batch_size"], deltas["batched_items"])
+            self._counts["max_batch_size"] = max(self._counts["max_batch_size"], deltas.get("batched_items", 0))
 
 
 def batch_inference(model, inputs, *, max_batch=8, max_wait_ms=5.0, num_threads=None, device=None):
-    r"""Runs ``inputs`` (single samples) through ``model`` with a temporary
-    :class:`BatchQueue` fed by ``num_threads`` threads (default:
-    ``min(32, len(inputs))``), emulating many concurrent callers; useful for
-    tests and benchmarks. The other arguments are as for :class:`BatchQueue`.
+    r"""Runs ``inputs`` (single samples) through ``model`` with a temporary :class:`BatchQueue` fed by
+    ``num_threads`` threads (default: ``min(32, len(inputs))``), emulating many concurrent callers;
+    useful for tests and benchmarks. The other arguments are as for :class:`BatchQueue`.
 
-    Returns one output per input, in input order; the first failed sample's
-    exception is re-raised.
+    Returns one output per input, in input order; the first failed sample's exception is re-raised.
 
     Example::
 
