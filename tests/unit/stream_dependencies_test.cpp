@@ -257,6 +257,38 @@ TEST_F(DependencyTest, ReusedBufferKeepsThePreviousLifesUses) {
   EXPECT_EQ(buf->read(0), 2);
 }
 
+// The per-kernel hook skips only a use its pass already recorded: a write
+// after the same pass read the buffer is recorded, so a reader on another
+// stream waits for it.
+TEST_F(DependencyTest, InPassHookRecordsAWriteAfterItsPassReadTheBuffer) {
+  makeStreams(2);
+  at::mps::BufferUseTable table;
+  auto x = tensor(0);
+  const void* key = x->buf.get();
+  stream(0).queue().pause();
+  stream(0).serial([&](sim::Lifecycle& lc) {
+    sim::EncoderPtr enc = lc.commandEncoder();
+    tracker_->useInPass(stream(0), table, key, Access::kRead);
+    tracker_->useInPass(stream(0), table, key, Access::kWrite);
+    enc->dispatch(
+        {{{x->buf, sim::Access::kWrite}}, [b = x->buf] { b->write(0, 5); }});
+    lc.synchronize(SyncType::COMMIT);
+  });
+  std::atomic<int64_t> seen{-1};
+  stream(1).serial([&](sim::Lifecycle& lc) {
+    tracker_->use(
+        stream(1), table.get(key), Access::kRead, UseSite::kBeforeEncoding);
+    lc.commandEncoder()->dispatch(
+        {{{x->buf, sim::Access::kRead}},
+         [b = x->buf, &seen] { seen = b->read(0); }});
+    lc.synchronize(SyncType::COMMIT);
+  });
+  stream(0).queue().resume();
+  stream(1).synchronize(SyncType::COMMIT_AND_WAIT);
+  EXPECT_EQ(tracker_->gpuWaits(), 1u);
+  EXPECT_EQ(seen.load(), 5);
+}
+
 // Randomized producer/consumer graphs: 16 threads, each on its own stream,
 // issue ops over shared tensors in a global issue order (taken before the
 // stream's serial section, as independent threads would interleave); the

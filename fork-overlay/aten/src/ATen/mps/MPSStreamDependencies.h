@@ -174,6 +174,13 @@ struct TableCacheEntry {
   uint64_t table;
   const void* key;
   BufferUses* uses;
+  // Both fields in one expression: written with `&&`, clang keeps the first
+  // compare's result in a register (sete, then test) on the hook's fast path.
+  bool holds(uint64_t table_id, const void* k) const {
+    return ((table ^ table_id) |
+            (reinterpret_cast<uintptr_t>(key) ^
+             reinterpret_cast<uintptr_t>(k))) == 0;
+  }
 };
 constexpr size_t kTableCacheSize = 64;
 inline thread_local std::array<TableCacheEntry, kTableCacheSize>
@@ -203,7 +210,7 @@ class TORCH_API BufferUseTable {
   BufferUses& get(const void* key) {
     detail::TableCacheEntry& e = detail::tls_table_cache
         [detail::hashBufferKey(key) % detail::kTableCacheSize];
-    if (C10_LIKELY(e.table == id_ && e.key == key)) {
+    if (C10_LIKELY(e.holds(id_, key))) {
       return *e.uses;
     }
     BufferUses& uses = getSlow(key);
@@ -274,15 +281,14 @@ class TORCH_API DependencyTracker {
       Access access) {
     const detail::TableCacheEntry& e = detail::tls_table_cache
         [detail::hashBufferKey(key) % detail::kTableCacheSize];
-    if (C10_LIKELY(e.table == table.id_ && e.key == key)) {
-      const uint64_t seen = e.uses->sole_.load(std::memory_order_acquire);
+    if (C10_LIKELY(e.holds(table.id_, key))) {
+      // A read matches a recorded read or write; a write, a recorded write.
+      const uint64_t seen = e.uses->sole_.load(std::memory_order_acquire) |
+          (access == Access::kRead ? BufferUses::kWroteBit : 0);
       if (C10_LIKELY(
               seen ==
               BufferUses::soleWord(
-                  consumer.index(),
-                  consumer.openMark(),
-                  access == Access::kWrite ||
-                      (seen & BufferUses::kWroteBit)))) {
+                  consumer.index(), consumer.openMark(), true))) {
         return;
       }
     }
