@@ -63,38 +63,35 @@ StreamMask bit(StreamIndex s) {
   return StreamMask{1} << s;
 }
 
-// `for (StreamIndex s : streamsIn(mask))` visits the set bits in order.
-struct StreamRange {
-  struct Iterator {
-    StreamMask rest;
-    StreamIndex operator*() const {
-      return static_cast<StreamIndex>(__builtin_ctz(rest));
-    }
-    Iterator& operator++() {
-      rest &= rest - 1;
-      return *this;
-    }
-    bool operator!=(const Iterator& other) const {
-      return rest != other.rest;
-    }
-  };
-  StreamMask mask;
-  Iterator begin() const {
-    return {mask};
+// `for (StreamIndex s : StreamsIn{mask})` visits the set bits in order; the
+// range is its own iterator.
+struct StreamsIn {
+  StreamMask rest;
+  StreamsIn begin() const {
+    return *this;
   }
-  Iterator end() const {
+  StreamsIn end() const {
     return {0};
   }
+  StreamIndex operator*() const {
+    return static_cast<StreamIndex>(__builtin_ctz(rest));
+  }
+  void operator++() {
+    rest &= rest - 1;
+  }
+  bool operator!=(StreamsIn other) const {
+    return rest != other.rest;
+  }
 };
-StreamRange streamsIn(StreamMask mask) {
-  return {mask};
-}
 
+// C++26's std::atomic<T>::fetch_max: raises `a` to `v`, returns the value
+// before.
 template <typename T>
-void raiseMax(std::atomic<T>& a, T v) {
+T fetchMax(std::atomic<T>& a, T v) {
   T cur = a.load(std::memory_order_relaxed);
   while (v > cur && !a.compare_exchange_weak(cur, v)) {
   }
+  return cur;
 }
 
 std::string formatBytes(int64_t bytes) {
@@ -108,12 +105,6 @@ std::string formatBytes(int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.2f %s", value, units[unit]);
   return text;
-}
-
-int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 void checkStream(StreamIndex stream) {
@@ -135,17 +126,13 @@ void insertBlock(Set& set, Block* b) {
   }
 }
 
-// First block in `set` that fits `size` and satisfies `usable`, removed.
+// First block in `set` that fits `size`, at most `max_oversize` bytes
+// larger, and satisfies `usable`, removed.
 template <typename Set, typename Usable>
-Block* takeFit(
-    Set& set,
-    size_t size,
-    bool pressure,
-    size_t max_oversize,
-    Usable&& usable) {
+Block* takeFit(Set& set, size_t size, size_t max_oversize, Usable&& usable) {
   for (auto it = set.lower_bound(size); it != set.end(); ++it) {
     Block* b = *it;
-    if (pressure && b->size - size > max_oversize) {
+    if (b->size - size > max_oversize) {
       return nullptr; // sorted: every later block is larger still
     }
     if (usable(b)) {
@@ -161,19 +148,6 @@ bool any(const Block*) {
 }
 
 } // namespace
-
-bool CachingAllocatorCore::BySize::operator()(const Block* a, const Block* b)
-    const {
-  return a->size != b->size ? a->size < b->size : a->id < b->id;
-}
-bool CachingAllocatorCore::BySize::operator()(const Block* a, size_t size)
-    const {
-  return a->size < size;
-}
-bool CachingAllocatorCore::BySize::operator()(size_t size, const Block* b)
-    const {
-  return size < b->size;
-}
 
 CachingAllocatorCore::CachingAllocatorCore(
     AllocatorBackend& backend,
@@ -212,46 +186,35 @@ void* CachingAllocatorCore::malloc(int pool, size_t size, StreamIndex stream) {
   checkStream(stream);
   TORCH_CHECK(size > 0, "MPS allocator: malloc() of size 0");
   Pool& p = *pools_[pool];
-  const bool pressure = p.options.pressure_aware && memoryPressure();
-  bool own_cache = false;
-  Block* b = findCached(p, size, stream, pressure, &own_cache);
-  const bool fresh = b == nullptr;
-  if (fresh) {
-    b = allocateBlock(p, size, stream, pressure, &own_cache);
-  }
-  if (!own_cache) {
-    other_mallocs_.fetch_add(1, std::memory_order_relaxed);
-    other_allocated_bytes_.fetch_add(
-        static_cast<int64_t>(b->size), std::memory_order_relaxed);
+  const size_t low = low_watermark_.load(std::memory_order_relaxed);
+  const bool pressure = p.options.pressure_aware && low != 0 &&
+      backend_.deviceAllocatedSize() >= low;
+  Block* b = findCached(p, size, stream, pressure);
+  if (!b) {
+    b = allocateBlock(p, size, stream, pressure);
   }
   b->stream = stream;
   b->uses = bit(stream);
   b->active.store(true, std::memory_order_relaxed);
-  if (fresh) {
-    const void* key = backend_.key(b->buffer);
-    Shard& shard = shardFor(key);
-    MutexLock lock(shard.mu);
-    shard.blocks.emplace(key, b);
-  }
   return b->buffer;
 }
 
 void CachingAllocatorCore::free(const void* key) {
   Block* b = nullptr;
-  StreamIndex stream = kDefaultStreamIndex;
-  StreamMask uses = 0;
   {
     Shard& shard = shardFor(key);
     MutexLock lock(shard.mu);
     b = activeBlockLocked(shard, key, "free()");
     backend_.onFree(b->buffer);
     b->active.store(false, std::memory_order_relaxed);
-    stream = b->stream;
-    uses = b->uses;
   }
+  const StreamIndex stream = b->stream;
+  const StreamMask uses = b->uses;
   Pool& p = *pools_[b->pool];
   const size_t size = b->size;
-  const int64_t now = p.options.pressure_aware ? nowNs() : 0;
+  const int64_t now = p.options.pressure_aware
+      ? std::chrono::steady_clock::now().time_since_epoch().count()
+      : 0;
 
   if (uses == bit(stream) && p.options.same_stream_reuse) {
     const uint64_t fence = timelines_.pendingPoint(stream);
@@ -269,8 +232,8 @@ void CachingAllocatorCore::free(const void* key) {
     return;
   }
 
-  std::array<uint64_t, kStreamsPerPool> points{};
-  for (StreamIndex s : streamsIn(uses)) {
+  StreamPoints points{};
+  for (StreamIndex s : StreamsIn{uses}) {
     points[s] = timelines_.pendingPoint(s);
   }
   other_frees_.fetch_add(1, std::memory_order_relaxed);
@@ -280,7 +243,7 @@ void CachingAllocatorCore::free(const void* key) {
     MutexLock lock(p.mu);
     b->cached_at = now;
     b->outstanding = 0;
-    for (StreamIndex s : streamsIn(uses)) {
+    for (StreamIndex s : StreamsIn{uses}) {
       p.fences[s].emplace(points[s], b);
       ++b->outstanding;
     }
@@ -289,7 +252,7 @@ void CachingAllocatorCore::free(const void* key) {
   }
   // `b` may be resolved and handed out again from here on; only the
   // fences are used below.
-  for (StreamIndex s : streamsIn(uses)) {
+  for (StreamIndex s : StreamsIn{uses}) {
     armOrResolve(p, s, points[s]);
   }
 }
@@ -302,17 +265,10 @@ void CachingAllocatorCore::recordStream(const void* key, StreamIndex stream) {
 }
 
 void CachingAllocatorCore::emptyCache() {
-  std::array<uint64_t, kStreamsPerPool> need{};
+  StreamPoints need{};
   for (auto& p : pools_) {
-    {
-      MutexLock lock(p->mu);
-      for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
-        if (!p->fences[s].empty()) {
-          need[s] = std::max(need[s], p->fences[s].rbegin()->first);
-        }
-      }
-    }
-    for (StreamIndex s : streamsIn(p->cached_streams.load())) {
+    lastFences(*p, need);
+    for (StreamIndex s : StreamsIn{p->cached_streams.load()}) {
       StreamCache& cache = p->caches[s];
       CacheLockGuard lock(cache.mu);
       for (Block* b : cache.blocks) {
@@ -323,7 +279,7 @@ void CachingAllocatorCore::emptyCache() {
   for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
     if (need[s] > completed_[s].load() && refreshCompleted(s) < need[s]) {
       timelines_.waitFor(s, need[s]);
-      raiseMax(completed_[s], need[s]);
+      fetchMax(completed_[s], need[s]);
     }
   }
   for (auto& p : pools_) {
@@ -344,11 +300,11 @@ AllocatorStats CachingAllocatorCore::stats() const {
   s.pending_bytes = pending_bytes_.load();
   s.peak_reserved_bytes = peak_reserved_bytes_.load();
   s.blocks = blocks_.load();
-  s.mallocs = other_mallocs_.load();
   s.frees = other_frees_.load();
   s.cache_hits = other_hits_.load();
   s.stream_steals = stream_steals_.load();
   s.device_allocs = device_allocs_.load();
+  s.mallocs = s.cache_hits + s.device_allocs;
   s.device_releases = device_releases_.load();
   s.gc_releases = gc_releases_.load();
   s.oom_retries = oom_retries_.load();
@@ -407,51 +363,47 @@ CachingAllocatorCore::Shard& CachingAllocatorCore::shardFor(const void* key) {
   return shards_[(h >> 32) % kShards];
 }
 
-bool CachingAllocatorCore::memoryPressure() const {
-  const size_t low = low_watermark_.load(std::memory_order_relaxed);
-  return low != 0 && backend_.deviceAllocatedSize() >= low;
-}
-
 // The stream's completed point, read now; also raises the cached value.
 uint64_t CachingAllocatorCore::refreshCompleted(StreamIndex s) {
   const uint64_t done = timelines_.completedPoint(s);
-  raiseMax(completed_[s], done);
-  return std::max(done, completed_[s].load());
+  return std::max(done, fetchMax(completed_[s], done));
 }
 
-// `*own_cache` tells whether the block came from the stream's own cache
-// (counted there).
+// A cached block for a malloc on `stream`: from the stream's own cache
+// (counted there), else from the pool's free set, again after resolving
+// pending blocks, else from another stream's cache.
 CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
     Pool& p,
     size_t size,
     StreamIndex stream,
-    bool pressure,
-    bool* own_cache) {
+    bool pressure) {
+  const size_t max_oversize = pressure ? p.options.max_oversize : SIZE_MAX;
   if (p.options.same_stream_reuse) {
     StreamCache& cache = p.caches[stream];
     CacheLockGuard lock(cache.mu);
-    if (Block* b = takeFit(
-            cache.blocks, size, pressure, p.options.max_oversize, any)) {
+    if (Block* b = takeFit(cache.blocks, size, max_oversize, any)) {
       ++cache.hits;
       cache.allocated_bytes += static_cast<int64_t>(b->size);
-      *own_cache = true;
       return b;
     }
   }
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    {
-      MutexLock lock(p.mu);
-      if (Block* b = takeFit(
-              p.free_blocks, size, pressure, p.options.max_oversize, any)) {
-        other_hits_.fetch_add(1, std::memory_order_relaxed);
-        return b;
-      }
-    }
-    if (attempt == 0 && !resolvePool(p)) {
-      break;
-    }
+  const auto takeFree = [&] {
+    MutexLock lock(p.mu);
+    return takeFit(p.free_blocks, size, max_oversize, any);
+  };
+  Block* b = takeFree();
+  if (!b && resolvePool(p)) {
+    b = takeFree();
   }
-  return steal(p, size, stream, pressure);
+  if (!b) {
+    b = steal(p, size, stream, max_oversize);
+  }
+  if (b) {
+    other_hits_.fetch_add(1, std::memory_order_relaxed);
+    other_allocated_bytes_.fetch_add(
+        static_cast<int64_t>(b->size), std::memory_order_relaxed);
+  }
+  return b;
 }
 
 // A block from another stream's cache whose fence has completed.
@@ -459,9 +411,8 @@ CachingAllocatorCore::Block* CachingAllocatorCore::steal(
     Pool& p,
     size_t size,
     StreamIndex stream,
-    bool pressure) {
-  Block* found = nullptr;
-  for (StreamIndex s : streamsIn(p.cached_streams.load() & ~bit(stream))) {
+    size_t max_oversize) {
+  for (StreamIndex s : StreamsIn{p.cached_streams.load() & ~bit(stream)}) {
     const uint64_t done = refreshCompleted(s);
     StreamCache& cache = p.caches[s];
     CacheLockGuard lock(cache.mu);
@@ -469,21 +420,13 @@ CachingAllocatorCore::Block* CachingAllocatorCore::steal(
       p.cached_streams.fetch_and(~bit(s));
       continue;
     }
-    found = takeFit(
-        cache.blocks,
-        size,
-        pressure,
-        p.options.max_oversize,
-        [&](const Block* b) { return b->fence <= done; });
-    if (found) {
-      break;
+    const auto ready = [done](const Block* b) { return b->fence <= done; };
+    if (Block* b = takeFit(cache.blocks, size, max_oversize, ready)) {
+      stream_steals_.fetch_add(1, std::memory_order_relaxed);
+      return b;
     }
   }
-  if (found) {
-    other_hits_.fetch_add(1, std::memory_order_relaxed);
-    stream_steals_.fetch_add(1, std::memory_order_relaxed);
-  }
-  return found;
+  return nullptr;
 }
 
 // The handed-out block `key`; raises an error naming `op` otherwise.
@@ -501,6 +444,16 @@ CachingAllocatorCore::Block* CachingAllocatorCore::activeBlockLocked(
       "memory from another allocator): ptr=",
       key);
   return it->second;
+}
+
+// Raises points[s] to the last fence value of `p` on each stream s.
+void CachingAllocatorCore::lastFences(Pool& p, StreamPoints& points) {
+  MutexLock lock(p.mu);
+  for (StreamIndex s : StreamsIn{p.pending_streams.load()}) {
+    if (!p.fences[s].empty()) {
+      points[s] = std::max(points[s], p.fences[s].rbegin()->first);
+    }
+  }
 }
 
 // Pops the fences of stream `s` that `done` covers; a block whose last
@@ -534,12 +487,12 @@ bool CachingAllocatorCore::resolvePool(Pool& p) {
   if (!mask) {
     return false;
   }
-  for (StreamIndex s : streamsIn(mask)) {
+  for (StreamIndex s : StreamsIn{mask}) {
     refreshCompleted(s);
   }
   MutexLock lock(p.mu);
   bool freed = false;
-  for (StreamIndex s : streamsIn(mask)) {
+  for (StreamIndex s : StreamsIn{mask}) {
     freed |= resolveLocked(p, s, completed_[s].load());
   }
   return freed;
@@ -554,14 +507,11 @@ void CachingAllocatorCore::armOrResolve(
     Pool& p,
     StreamIndex s,
     uint64_t value) {
-  uint64_t armed = armed_[s].load();
-  while (value > armed) {
-    if (armed_[s].compare_exchange_weak(armed, value)) {
-      handlers_registered_.fetch_add(1);
-      timelines_.onCompleted(
-          s, value, [this, s, value] { onStreamCompleted(s, value); });
-      return;
-    }
+  if (fetchMax(armed_[s], value) < value) {
+    handlers_registered_.fetch_add(1);
+    timelines_.onCompleted(
+        s, value, [this, s, value] { onStreamCompleted(s, value); });
+    return;
   }
   const uint64_t done = completed_[s].load();
   if (value <= done) {
@@ -571,7 +521,7 @@ void CachingAllocatorCore::armOrResolve(
 }
 
 void CachingAllocatorCore::onStreamCompleted(StreamIndex s, uint64_t value) {
-  raiseMax(completed_[s], value);
+  fetchMax(completed_[s], value);
   for (auto& p : pools_) {
     if (p->pending_streams.load() & bit(s)) {
       MutexLock lock(p->mu);
@@ -581,30 +531,8 @@ void CachingAllocatorCore::onStreamCompleted(StreamIndex s, uint64_t value) {
   handlers_run_.fetch_add(1);
 }
 
-// Asks the streams that hold fences in `p` to commit, at most once per
-// fence value.
-void CachingAllocatorCore::requestCommits(Pool& p) {
-  std::array<uint64_t, kStreamsPerPool> wanted{};
-  {
-    MutexLock lock(p.mu);
-    for (StreamIndex s : streamsIn(p.pending_streams.load())) {
-      if (!p.fences[s].empty()) {
-        wanted[s] = p.fences[s].rbegin()->first;
-      }
-    }
-  }
-  for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
-    uint64_t requested = commit_requested_[s].load();
-    while (wanted[s] > requested && wanted[s] > completed_[s].load()) {
-      if (commit_requested_[s].compare_exchange_weak(requested, wanted[s])) {
-        commit_requests_.fetch_add(1);
-        timelines_.requestCommit(s);
-        break;
-      }
-    }
-  }
-}
-
+// A new block of device memory, in the block table and counted as in use:
+// the caller hands it out.
 CachingAllocatorCore::Block* CachingAllocatorCore::allocateFromDevice(
     Pool& p,
     size_t size,
@@ -621,9 +549,14 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateFromDevice(
   b->pool = p.index;
   b->id = next_block_id_.fetch_add(1) + 1;
   const auto bytes = static_cast<int64_t>(size);
-  raiseMax(peak_reserved_bytes_, reserved_bytes_.fetch_add(bytes) + bytes);
+  fetchMax(peak_reserved_bytes_, reserved_bytes_.fetch_add(bytes) + bytes);
   blocks_.fetch_add(1);
   device_allocs_.fetch_add(1);
+  other_allocated_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  const void* key = backend_.key(b->buffer);
+  Shard& shard = shardFor(key);
+  MutexLock lock(shard.mu);
+  shard.blocks.emplace(key, b.get());
   return b.release();
 }
 
@@ -634,20 +567,34 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateBlock(
     Pool& p,
     size_t size,
     StreamIndex stream,
-    bool pressure,
-    bool* own_cache) {
+    bool pressure) {
   if (p.pending_streams.load()) {
-    requestCommits(p);
+    // Asks the streams that hold fences here to commit, once per value.
+    StreamPoints wanted{};
+    lastFences(p, wanted);
+    for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+      if (wanted[s] > completed_[s].load() &&
+          fetchMax(commit_requested_[s], wanted[s]) < wanted[s]) {
+        commit_requests_.fetch_add(1);
+        timelines_.requestCommit(s);
+      }
+    }
   }
   if (pressure) {
-    garbageCollect(p);
+    // Releases the oldest cached blocks until back under the low watermark.
+    const size_t low = low_watermark_.load();
+    const size_t used = backend_.deviceAllocatedSize();
+    if (low != 0 && used >= low) {
+      gc_releases_.fetch_add(
+          releaseCompleted(p, used - low, /*oldest_first=*/true));
+    }
   }
   if (Block* b = allocateFromDevice(p, size, pressure)) {
     return b;
   }
   oom_retries_.fetch_add(1);
   backend_.onAllocationFailed();
-  if (Block* b = findCached(p, size, stream, /*pressure=*/false, own_cache)) {
+  if (Block* b = findCached(p, size, stream, /*pressure=*/false)) {
     return b;
   }
   releaseCompleted(p, size);
@@ -711,7 +658,7 @@ size_t CachingAllocatorCore::releaseCompleted(
     MutexLock lock(p.mu);
     take(p.free_blocks, any);
   }
-  for (StreamIndex s : streamsIn(p.cached_streams.load())) {
+  for (StreamIndex s : StreamsIn{p.cached_streams.load()}) {
     if (freed >= target) {
       break;
     }
@@ -727,9 +674,6 @@ size_t CachingAllocatorCore::releaseCompleted(
 void CachingAllocatorCore::releaseBlocks(
     Pool& p,
     const std::vector<Block*>& victims) {
-  if (victims.empty()) {
-    return;
-  }
   for (Block* b : victims) {
     const void* key = backend_.key(b->buffer);
     Shard& shard = shardFor(key);
@@ -742,25 +686,12 @@ void CachingAllocatorCore::releaseBlocks(
     for (Block* b : victims) {
       backend_.release(p.index, b->buffer);
       bytes += static_cast<int64_t>(b->size);
+      delete b;
     }
-  }
-  for (Block* b : victims) {
-    delete b;
   }
   reserved_bytes_.fetch_sub(bytes);
   blocks_.fetch_sub(static_cast<int64_t>(victims.size()));
   device_releases_.fetch_add(victims.size());
-}
-
-// Under memory pressure: releases the oldest cached blocks of `p` until
-// the device is back under the low watermark.
-void CachingAllocatorCore::garbageCollect(Pool& p) {
-  const size_t low = low_watermark_.load();
-  const size_t used = backend_.deviceAllocatedSize();
-  if (low == 0 || used < low) {
-    return;
-  }
-  gc_releases_.fetch_add(releaseCompleted(p, used - low, true));
 }
 
 } // namespace at::mps

@@ -80,17 +80,16 @@ class AllocatorBackend {
 
 // Note [MPS allocator stream-cache lock]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A stream cache is locked once by every malloc and once by every free on
-// the fast path, nearly always by the threads of its own stream, and its
-// critical sections are a few set operations on blocks that carry their own
-// set nodes: they never block, allocate, or call out of the allocator
-// (except gpuReferenced on the rare release paths). A std::mutex costs two
-// atomic read-modify-writes per critical section, since its unlock must
-// look for sleeping waiters; on large x86 cores those alone made a single-
-// threaded malloc/free pair 1.5x v2.9.1's. This lock costs one: an exchange
-// to acquire and a release store to release. A waiter spins on a plain
-// load, yields the CPU after a few rounds, and then sleeps between tries,
-// so a holder that was preempted gets to run whatever the priorities.
+// A stream cache is locked once by every malloc and free on the fast path,
+// nearly always by its own stream's threads, for a few set operations on
+// blocks that carry their own set nodes: the critical sections never block,
+// allocate, or call out (but for gpuReferenced on rare release paths). A
+// std::mutex costs two atomic read-modify-writes per critical section (its
+// unlock must look for sleeping waiters), which alone made a single-threaded
+// malloc/free pair 1.5x v2.9.1's on large x86 cores. This lock costs one: an
+// exchange to acquire, a release store to release. A waiter spins on a plain
+// load, then yields, then sleeps between tries, so a preempted holder gets
+// to run whatever the priorities.
 class MPS_THREAD_ANNOTATION(capability("mutex")) CacheLock {
  public:
   void lock() MPS_ACQUIRE() {
@@ -114,7 +113,6 @@ class MPS_THREAD_ANNOTATION(capability("mutex")) CacheLock {
 
 using CacheLockGuard = ScopedLock<CacheLock>;
 
-// Per-pool configuration.
 struct AllocatorPoolOptions {
   std::string name;
   // Whether a block freed with uses on its allocation stream only may be
@@ -130,10 +128,9 @@ struct AllocatorPoolOptions {
   size_t max_oversize = SIZE_MAX;
 };
 
-// A snapshot of the allocator's counters. Every update is an atomic
-// read-modify-write or made under a lock, so none is lost under concurrency,
-// and a snapshot taken while no thread is inside the allocator is exact.
-// reserved_bytes and its peak are single atomics, exact at every instant.
+// A snapshot of the allocator's counters. No update is lost under
+// concurrency, and a snapshot taken while no thread is inside the allocator
+// is exact; reserved_bytes and its peak are exact at every instant.
 // allocated_bytes is a sum of per-stream counters (see Note [MPS allocator
 // locking]), so it has no peak: v2.9.1 exposes none, and one shared counter
 // would cost every malloc and free a contended cache line.
@@ -214,17 +211,19 @@ class CachingAllocatorCore {
 
   struct Block;
 
- private:
-  // Best fit by size; ties by id so that the order is deterministic.
+  // Best fit by size; ties by id so that the order is deterministic. (Block
+  // is complete in the bodies: they are compiled with the enclosing class.)
   struct BySize {
-    using is_transparent = void;
-    bool operator()(const Block* a, const Block* b) const;
-    bool operator()(const Block* a, size_t size) const;
-    bool operator()(size_t size, const Block* b) const;
+    using is_transparent = void; // lower_bound(size)
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->id < b->id;
+    }
+    bool operator()(const Block* a, size_t size) const {
+      return a->size < size;
+    }
   };
   using BlockSet = std::set<Block*, BySize>;
 
- public:
   struct Block {
     // Fixed from device allocation to release.
     void* buffer = nullptr;
@@ -237,7 +236,7 @@ class CachingAllocatorCore {
     StreamMask uses = 0; // includes `stream`
     // Cache state, guarded by the container that holds the block.
     uint64_t fence = 0; // stream cache: pendingPoint(stream) at free
-    int64_t cached_at = 0; // when freed (ns), for GC ages
+    int64_t cached_at = 0; // when freed (steady_clock ticks), for GC ages
     int outstanding = 0; // pending: fences not yet completed
     // The set node that held the block when it last left a BlockSet, kept
     // for its next insertion so that caching a block allocates nothing.
@@ -253,8 +252,6 @@ class CachingAllocatorCore {
   // completion handler of this allocator may still run); blocks still
   // handed out are leaked, as their owners may free them at process exit.
   ~CachingAllocatorCore();
-  CachingAllocatorCore(const CachingAllocatorCore&) = delete;
-  CachingAllocatorCore& operator=(const CachingAllocatorCore&) = delete;
 
   // Hands out the buffer of a block of `size` bytes (already rounded by the
   // caller) from `pool` for use on `stream`. Raises "MPS backend out of
@@ -290,9 +287,6 @@ class CachingAllocatorCore {
   // avoid oversized reuse; 0 disables it.
   void setLowWatermark(size_t bytes) {
     low_watermark_.store(bytes);
-  }
-  size_t lowWatermark() const {
-    return low_watermark_.load();
   }
   AllocatorStats stats() const;
   AllocatorCensus census();
@@ -334,33 +328,23 @@ class CachingAllocatorCore {
     std::unordered_map<const void*, Block*> blocks MPS_GUARDED_BY(mu);
   };
 
+  using StreamPoints = std::array<uint64_t, kStreamsPerPool>;
+
   Shard& shardFor(const void* key);
   Block* activeBlockLocked(Shard& shard, const void* key, const char* op)
       MPS_REQUIRES(shard.mu);
-  bool memoryPressure() const;
   uint64_t refreshCompleted(StreamIndex s);
-  Block* findCached(
-      Pool& p,
-      size_t size,
-      StreamIndex stream,
-      bool pressure,
-      bool* own_cache);
-  Block* steal(Pool& p, size_t size, StreamIndex stream, bool pressure);
+  Block* findCached(Pool& p, size_t size, StreamIndex stream, bool pressure);
+  Block* steal(Pool& p, size_t size, StreamIndex stream, size_t max_oversize);
+  void lastFences(Pool& p, StreamPoints& points);
   bool resolveLocked(Pool& p, StreamIndex s, uint64_t done) MPS_REQUIRES(p.mu);
   bool resolvePool(Pool& p);
   void armOrResolve(Pool& p, StreamIndex s, uint64_t value);
   void onStreamCompleted(StreamIndex s, uint64_t value);
-  void requestCommits(Pool& p);
   Block* allocateFromDevice(Pool& p, size_t size, bool pressure);
-  Block* allocateBlock(
-      Pool& p,
-      size_t size,
-      StreamIndex stream,
-      bool pressure,
-      bool* own_cache);
+  Block* allocateBlock(Pool& p, size_t size, StreamIndex stream, bool pressure);
   size_t releaseCompleted(Pool& p, size_t target, bool oldest_first = false);
   void releaseBlocks(Pool& p, const std::vector<Block*>& victims);
-  void garbageCollect(Pool& p);
 
   AllocatorBackend& backend_;
   StreamTimelines& timelines_;
@@ -389,9 +373,9 @@ class CachingAllocatorCore {
   std::atomic<uint64_t> commit_requests_{0};
   std::atomic<uint64_t> handlers_registered_{0};
   std::atomic<uint64_t> handlers_run_{0};
-  // Events off the stream-cache fast path.
+  // Events off the stream-cache fast path; a malloc there is a cache hit or a
+  // device allocation.
   std::atomic<int64_t> other_allocated_bytes_{0};
-  std::atomic<uint64_t> other_mallocs_{0};
   std::atomic<uint64_t> other_frees_{0};
   std::atomic<uint64_t> other_hits_{0};
   std::atomic<uint64_t> stream_steals_{0};
