@@ -186,9 +186,8 @@ void* CachingAllocatorCore::malloc(int pool, size_t size, StreamIndex stream) {
   checkStream(stream);
   TORCH_CHECK(size > 0, "MPS allocator: malloc() of size 0");
   Pool& p = *pools_[pool];
-  const size_t low = low_watermark_.load(std::memory_order_relaxed);
-  const bool pressure = p.options.pressure_aware && low != 0 &&
-      backend_.deviceAllocatedSize() >= low;
+  const bool pressure =
+      p.options.pressure_aware && overLowWatermark().has_value();
   Block* b = findCached(p, size, stream, pressure);
   if (!b) {
     b = allocateBlock(p, size, stream, pressure);
@@ -361,6 +360,17 @@ CachingAllocatorCore::Shard& CachingAllocatorCore::shardFor(const void* key) {
   h ^= h >> 17;
   h *= 0x9E3779B97F4A7C15ull;
   return shards_[(h >> 32) % kShards];
+}
+
+// Memory pressure: how far the device is past the low watermark, none below
+// it or with no watermark set.
+std::optional<size_t> CachingAllocatorCore::overLowWatermark() const {
+  const size_t low = low_watermark_.load(std::memory_order_relaxed);
+  if (low == 0) {
+    return std::nullopt;
+  }
+  const size_t used = backend_.deviceAllocatedSize();
+  return used >= low ? std::optional<size_t>(used - low) : std::nullopt;
 }
 
 // The stream's completed point, read now; also raises the cached value.
@@ -582,11 +592,8 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateBlock(
   }
   if (pressure) {
     // Releases the oldest cached blocks until back under the low watermark.
-    const size_t low = low_watermark_.load();
-    const size_t used = backend_.deviceAllocatedSize();
-    if (low != 0 && used >= low) {
-      gc_releases_.fetch_add(
-          releaseCompleted(p, used - low, /*oldest_first=*/true));
+    if (const auto over = overLowWatermark()) {
+      gc_releases_.fetch_add(releaseCompleted(p, *over, /*oldest_first=*/true));
     }
   }
   if (Block* b = allocateFromDevice(p, size, pressure)) {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -333,6 +334,7 @@ class CachingAllocatorCore {
   Shard& shardFor(const void* key);
   Block* activeBlockLocked(Shard& shard, const void* key, const char* op)
       MPS_REQUIRES(shard.mu);
+  std::optional<size_t> overLowWatermark() const;
   uint64_t refreshCompleted(StreamIndex s);
   Block* findCached(Pool& p, size_t size, StreamIndex stream, bool pressure);
   Block* steal(Pool& p, size_t size, StreamIndex stream, size_t max_oversize);
