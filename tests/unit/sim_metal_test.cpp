@@ -340,20 +340,29 @@ TEST_F(SimMetalTest, GpuParallelismCapsConcurrentExecutionAcrossQueues) {
   config_.max_latency = std::chrono::microseconds(2000);
   SetUp();
   std::atomic<int> running{0}, peak{0};
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   std::vector<sim::QueuePtr> queues;
   std::vector<sim::CommandBufferPtr> cbs;
   for (int i = 0; i < 6; ++i) {
     queues.push_back(device().newCommandQueue());
     auto cb = queues.back()->makeCommandBuffer();
     auto enc = cb->computeEncoder();
-    enc->dispatch({{}, [&] {
-                     const int now = ++running;
-                     int p = peak.load();
-                     while (now > p && !peak.compare_exchange_weak(p, now)) {
-                     }
-                     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-                     --running;
-                   }});
+    enc->dispatch(
+        {{}, [&] {
+           const int now = ++running;
+           int p = peak.load();
+           while (now > p && !peak.compare_exchange_weak(p, now)) {
+           }
+           // Until a second kernel runs beside this one, hold the slot: on
+           // a loaded machine the two could otherwise miss each other. A
+           // simulator that runs one kernel at a time fails the check
+           // below after the test's deadline.
+           while (peak.load() < 2 && std::chrono::steady_clock::now() < end) {
+             std::this_thread::sleep_for(std::chrono::microseconds(100));
+           }
+           std::this_thread::sleep_for(std::chrono::milliseconds(2));
+           --running;
+         }});
     enc->endEncoding();
     cb->commit();
     cbs.push_back(cb);
