@@ -58,10 +58,24 @@ __attribute__((noinline)) void trackedAccess(
   tracker.useInPass(stream, table, p, Access::kWrite);
 }
 
+// Sixteen buffer identities, 64 bytes apart like distinct objects, visited
+// in turn. (state.iterations() cannot pick one: it stays constant inside
+// the benchmark loop.)
+struct Buffers {
+  alignas(64) char storage[16][64];
+  size_t visits = 0;
+  void* at(size_t i) {
+    return storage[i];
+  }
+  void* next() {
+    return storage[visits++ & 15];
+  }
+};
+
 void BM_BufferAccess_NoHook(benchmark::State& state) {
-  int storage[16];
+  Buffers buffers;
   for (auto _ : state) {
-    void* p = storage + (state.iterations() & 15);
+    void* p = buffers.next();
     untrackedAccess(p);
     benchmark::DoNotOptimize(p);
   }
@@ -75,13 +89,13 @@ void BM_BufferAccess_SameStreamHook(benchmark::State& state) {
   at::mps::BufferUseTable table;
   IdleStream stream;
   tracker.registerStream(stream);
-  int storage[16];
-  for (int i = 0; i < 16; ++i) { // first use of each takes the slow path
+  Buffers buffers;
+  for (size_t i = 0; i < 16; ++i) { // first use of each takes the slow path
     tracker.use(
-        stream, table.get(storage + i), Access::kWrite, UseSite::kInPass);
+        stream, table.get(buffers.at(i)), Access::kWrite, UseSite::kInPass);
   }
   for (auto _ : state) {
-    void* p = storage + (state.iterations() & 15);
+    void* p = buffers.next();
     trackedAccess(tracker, table, stream, p);
     benchmark::DoNotOptimize(p);
   }
