@@ -289,6 +289,42 @@ TEST_F(DependencyTest, InPassHookRecordsAWriteAfterItsPassReadTheBuffer) {
   EXPECT_EQ(seen.load(), 5);
 }
 
+// The hook's fast path matches the open pass only: a write in a later pass
+// of the same stream is recorded at that pass's mark, so a reader on another
+// stream waits for it and not just for the completed earlier pass.
+TEST_F(DependencyTest, InPassHookRecordsAWriteOfALaterPassAtItsMark) {
+  makeStreams(2);
+  at::mps::BufferUseTable table;
+  auto x = tensor(0);
+  const void* key = x->buf.get();
+  const auto writeInPass = [&](int64_t value, SyncType sync) {
+    stream(0).serial([&](sim::Lifecycle& lc) {
+      sim::EncoderPtr enc = lc.commandEncoder();
+      tracker_->useInPass(stream(0), table, key, Access::kWrite);
+      enc->dispatch({{{x->buf, sim::Access::kWrite}}, [b = x->buf, value] {
+                       b->write(0, value);
+                     }});
+      lc.synchronize(sync);
+    });
+  };
+  writeInPass(1, SyncType::COMMIT_AND_WAIT);
+  stream(0).queue().pause();
+  writeInPass(5, SyncType::COMMIT);
+  std::atomic<int64_t> seen{-1};
+  stream(1).serial([&](sim::Lifecycle& lc) {
+    tracker_->use(
+        stream(1), table.get(key), Access::kRead, UseSite::kBeforeEncoding);
+    lc.commandEncoder()->dispatch(
+        {{{x->buf, sim::Access::kRead}},
+         [b = x->buf, &seen] { seen = b->read(0); }});
+    lc.synchronize(SyncType::COMMIT);
+  });
+  stream(0).queue().resume();
+  stream(1).synchronize(SyncType::COMMIT_AND_WAIT);
+  EXPECT_EQ(tracker_->gpuWaits(), 1u);
+  EXPECT_EQ(seen.load(), 5);
+}
+
 // Randomized producer/consumer graphs: 16 threads, each on its own stream,
 // issue ops over shared tensors in a global issue order (taken before the
 // stream's serial section, as independent threads would interleave); the

@@ -88,10 +88,43 @@ namespace at::mps {
 enum class Access : uint8_t { kRead, kWrite };
 enum class UseSite : uint8_t { kBeforeEncoding, kInPass };
 
+// Per-buffer use record. Lives with the buffer (the allocator's block in
+// PyTorch); all members are private to the tracker.
+class TORCH_API BufferUses {
+ public:
+  BufferUses() = default;
+  BufferUses(const BufferUses&) = delete;
+  BufferUses& operator=(const BufferUses&) = delete;
+
+ private:
+  friend class DependencyStream;
+  friend class DependencyTracker;
+  // The fast path's word while every recorded use is by one stream, else 0:
+  //   bit 63 ................. 9 |   8   | 7 ...... 0
+  //   |   mark of the last use   | wrote | stream + 1 |
+  static constexpr uint64_t kOwnerMask = 0xff;
+  static constexpr uint64_t kWroteBit = 1u << 8;
+  static constexpr int kMarkShift = 9;
+  static_assert(kStreamsPerPool < kOwnerMask, "stream + 1 must fit");
+  static constexpr uint64_t soleWord(
+      StreamIndex stream,
+      uint64_t mark,
+      bool wrote) {
+    return (mark << kMarkShift) | (wrote ? kWroteBit : 0) |
+        (static_cast<uint64_t>(stream) + 1);
+  }
+  std::atomic<uint64_t> sole_{0};
+  Mutex mu_;
+  // Packed as mark * kStreamsPerPool + stream; 0 means none.
+  uint64_t last_write_ MPS_GUARDED_BY(mu_) = 0;
+  std::array<uint64_t, kStreamsPerPool> reads_ MPS_GUARDED_BY(mu_){};
+};
+
 // What the tracker needs from a stream.
 class DependencyStream {
  public:
-  explicit DependencyStream(StreamIndex index) : index_(index) {}
+  explicit DependencyStream(StreamIndex index)
+      : index_(index), writer_word_(BufferUses::soleWord(index, 0, true)) {}
   virtual ~DependencyStream() = default;
   StreamIndex index() const {
     return index_;
@@ -131,39 +164,12 @@ class DependencyStream {
   }
 
  private:
-  const StreamIndex index_;
-  const std::atomic<uint64_t>* open_mark_ = nullptr;
-};
-
-// Per-buffer use record. Lives with the buffer (the allocator's block in
-// PyTorch); all members are private to the tracker.
-class TORCH_API BufferUses {
- public:
-  BufferUses() = default;
-  BufferUses(const BufferUses&) = delete;
-  BufferUses& operator=(const BufferUses&) = delete;
-
- private:
   friend class DependencyTracker;
-  // The fast path's word while every recorded use is by one stream, else 0:
-  //   bit 63 ................. 9 |   8   | 7 ...... 0
-  //   |   mark of the last use   | wrote | stream + 1 |
-  static constexpr uint64_t kOwnerMask = 0xff;
-  static constexpr uint64_t kWroteBit = 1u << 8;
-  static constexpr int kMarkShift = 9;
-  static_assert(kStreamsPerPool < kOwnerMask, "stream + 1 must fit");
-  static constexpr uint64_t soleWord(
-      StreamIndex stream,
-      uint64_t mark,
-      bool wrote) {
-    return (mark << kMarkShift) | (wrote ? kWroteBit : 0) |
-        (static_cast<uint64_t>(stream) + 1);
-  }
-  std::atomic<uint64_t> sole_{0};
-  Mutex mu_;
-  // Packed as mark * kStreamsPerPool + stream; 0 means none.
-  uint64_t last_write_ MPS_GUARDED_BY(mu_) = 0;
-  std::array<uint64_t, kStreamsPerPool> reads_ MPS_GUARDED_BY(mu_){};
+  const StreamIndex index_;
+  // BufferUses' word for a write by this stream at mark 0: the hook ORs in
+  // the shifted open mark instead of building the word per access.
+  const uint64_t writer_word_;
+  const std::atomic<uint64_t>* open_mark_ = nullptr;
 };
 
 namespace detail {
@@ -287,8 +293,8 @@ class TORCH_API DependencyTracker {
           (access == Access::kRead ? BufferUses::kWroteBit : 0);
       if (C10_LIKELY(
               seen ==
-              BufferUses::soleWord(
-                  consumer.index(), consumer.openMark(), true))) {
+              ((consumer.openMark() << BufferUses::kMarkShift) |
+               consumer.writer_word_))) {
         return;
       }
     }
