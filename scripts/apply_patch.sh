@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks a PyTorch v2.9.1 tree and applies the MPS stream-pool patch to it.
-#   scripts/apply_patch.sh [--pytorch DIR] [--apply] [--series]
+#   scripts/apply_patch.sh [--pytorch DIR [--apply]] [--series]
 # Without --pytorch it checks the rebuilt baseline cache
 # ($HOME/.cache/pytorch-v2.9.1-mps-baseline). Steps: every upstream file the
 # patch edits must have its v2.9.1 blob SHA (patches/upstream-blobs.tsv);

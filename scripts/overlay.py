@@ -199,6 +199,9 @@ def git_apply(tree, patch, check_only):
 
 
 def resolve_tree(args):
+    if getattr(args, "apply", False) and not args.pytorch:
+        fail("--apply needs --pytorch DIR: the default tree is the v2.9.1 baseline cache "
+             f"({DEFAULT_BASELINE}), which the checks need unpatched")
     tree = args.pytorch or DEFAULT_BASELINE
     if not os.path.isdir(tree):
         fail(f"no PyTorch tree at {tree}: pass --pytorch DIR (a v2.9.1 checkout) "

@@ -11,7 +11,7 @@ Subcommands:
                                 MAX_LINES)
   check                         exit 1 if the committed series is stale or a
                                 member too large
-  verify [--pytorch DIR] [--apply]
+  verify [--pytorch DIR [--apply]]
                                 blob check, then apply the series in order to
                                 a copy of the tree's edited files and compare
                                 it byte for byte with the cumulative patch's

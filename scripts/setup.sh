@@ -4,8 +4,9 @@
 #   2. configures and builds the harness (CMake preset "dev");
 #   3. checks that the committed patch matches fork-overlay/;
 #   4. verifies the patch against a PyTorch v2.9.1 tree: --pytorch DIR, or
-#      the rebuilt baseline cache if present; with --apply, applies it there.
-# Usage: scripts/setup.sh [--pytorch DIR] [--apply]
+#      the rebuilt baseline cache if present; with --apply (which needs
+#      --pytorch: the cache stays unpatched), applies it to DIR.
+# Usage: scripts/setup.sh [--pytorch DIR [--apply]]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
