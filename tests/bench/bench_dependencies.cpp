@@ -1,7 +1,7 @@
 // Cost of cross-stream dependency tracking (Note [MPS cross-stream
-// dependencies]): the hook on the same-stream fast path against no hook, and
-// a producer -> consumer thread pipeline with automatic tracking against the
-// explicit synchronize() a user would otherwise write.
+// dependencies]): a producer -> consumer thread pipeline with automatic
+// tracking against the explicit synchronize() a user would otherwise write.
+// The hook's same-stream fast path is timed in bench_hot_paths.
 
 #include <benchmark/benchmark.h>
 
@@ -19,88 +19,6 @@ namespace {
 using at::mps::Access;
 using at::mps::SyncType;
 using at::mps::UseSite;
-
-// A stream whose marks never move: the fast path only reads openMark().
-class IdleStream final : public at::mps::DependencyStream {
- public:
-  IdleStream() : DependencyStream(3) {
-    bindOpenMark(open_mark_);
-  }
-  uint64_t committedMark() const override {
-    return 6;
-  }
-  uint64_t completedMark() const override {
-    return 6;
-  }
-  void flushAsync(uint64_t) override {}
-  void closePass(bool) override {}
-  void commitOpen() override {}
-  void encodeWait(DependencyStream&, uint64_t) override {}
-  void waitCommitted(uint64_t) override {}
-  void waitCompleted(uint64_t) override {}
-
- private:
-  std::atomic<uint64_t> open_mark_{7};
-};
-
-// What getMTLBufferStorage() adds per buffer, out of line as there (and so
-// that scripts/bench_instructions.py can count it): nothing in v2.9.1; with
-// the patch, trackMPSBufferUseInPass(), which records the use (as a write,
-// as there).
-__attribute__((noinline)) void untrackedAccess(void* p) {
-  benchmark::DoNotOptimize(p);
-}
-__attribute__((noinline)) void trackedAccess(
-    at::mps::DependencyTracker& tracker,
-    at::mps::BufferUseTable& table,
-    IdleStream& stream,
-    void* p) {
-  tracker.useInPass(stream, table, p, Access::kWrite);
-}
-
-// Sixteen buffer identities, 64 bytes apart like distinct objects, visited
-// in turn. (state.iterations() cannot pick one: it stays constant inside
-// the benchmark loop.)
-struct Buffers {
-  alignas(64) char storage[16][64];
-  size_t visits = 0;
-  void* at(size_t i) {
-    return storage[i];
-  }
-  void* next() {
-    return storage[visits++ & 15];
-  }
-};
-
-void BM_BufferAccess_NoHook(benchmark::State& state) {
-  Buffers buffers;
-  for (auto _ : state) {
-    void* p = buffers.next();
-    untrackedAccess(p);
-    benchmark::DoNotOptimize(p);
-  }
-}
-BENCHMARK(BM_BufferAccess_NoHook);
-
-// Lookup of the buffer's record plus the tracker's same-stream fast path,
-// for a buffer only its own stream uses, in the pass that used it last.
-void BM_BufferAccess_SameStreamHook(benchmark::State& state) {
-  at::mps::DependencyTracker tracker;
-  at::mps::BufferUseTable table;
-  IdleStream stream;
-  tracker.registerStream(stream);
-  Buffers buffers;
-  for (size_t i = 0; i < 16; ++i) { // first use of each takes the slow path
-    tracker.use(
-        stream, table.get(buffers.at(i)), Access::kWrite, UseSite::kInPass);
-  }
-  for (auto _ : state) {
-    void* p = buffers.next();
-    trackedAccess(tracker, table, stream, p);
-    benchmark::DoNotOptimize(p);
-  }
-}
-BENCHMARK(BM_BufferAccess_SameStreamHook);
 
 // A producer thread makes tensors on its stream and hands them to a consumer
 // thread on another stream, which reads them and writes a result.
