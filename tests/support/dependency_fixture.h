@@ -9,6 +9,7 @@
 
 #include <ATen/mps/MPSStreamDependencies.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -76,6 +77,27 @@ class DependencyTest : public SimTest {
   }
   sim::SimStream& stream(int i) {
     return *streams_[i];
+  }
+
+  // For the in-pass hook tests, after stream 0 wrote `x` with its queue
+  // paused: reads `x` on stream 1 after a kBeforeEncoding use of `uses`,
+  // resumes stream 0, and returns the value the GPU read saw.
+  int64_t readOnStream1(const Tensor& x, at::mps::BufferUses& uses) {
+    std::atomic<int64_t> seen{-1};
+    stream(1).serial([&](sim::Lifecycle& lc) {
+      tracker_->use(
+          stream(1),
+          uses,
+          at::mps::Access::kRead,
+          at::mps::UseSite::kBeforeEncoding);
+      lc.commandEncoder()->dispatch(
+          {{{x.buf, sim::Access::kRead}},
+           [b = x.buf, &seen] { seen = b->read(0); }});
+      lc.synchronize(at::mps::SyncType::COMMIT);
+    });
+    stream(0).queue().resume();
+    stream(1).synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+    return seen.load();
   }
 
   // An op on `s`: out = combine(inputs), on the GPU. With `track`, uses go

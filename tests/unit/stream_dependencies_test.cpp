@@ -274,19 +274,8 @@ TEST_F(DependencyTest, InPassHookRecordsAWriteAfterItsPassReadTheBuffer) {
         {{{x->buf, sim::Access::kWrite}}, [b = x->buf] { b->write(0, 5); }});
     lc.synchronize(SyncType::COMMIT);
   });
-  std::atomic<int64_t> seen{-1};
-  stream(1).serial([&](sim::Lifecycle& lc) {
-    tracker_->use(
-        stream(1), table.get(key), Access::kRead, UseSite::kBeforeEncoding);
-    lc.commandEncoder()->dispatch(
-        {{{x->buf, sim::Access::kRead}},
-         [b = x->buf, &seen] { seen = b->read(0); }});
-    lc.synchronize(SyncType::COMMIT);
-  });
-  stream(0).queue().resume();
-  stream(1).synchronize(SyncType::COMMIT_AND_WAIT);
+  EXPECT_EQ(readOnStream1(*x, table.get(key)), 5);
   EXPECT_EQ(tracker_->gpuWaits(), 1u);
-  EXPECT_EQ(seen.load(), 5);
 }
 
 // The hook's fast path matches the open pass only: a write in a later pass
@@ -310,19 +299,28 @@ TEST_F(DependencyTest, InPassHookRecordsAWriteOfALaterPassAtItsMark) {
   writeInPass(1, SyncType::COMMIT_AND_WAIT);
   stream(0).queue().pause();
   writeInPass(5, SyncType::COMMIT);
-  std::atomic<int64_t> seen{-1};
-  stream(1).serial([&](sim::Lifecycle& lc) {
-    tracker_->use(
-        stream(1), table.get(key), Access::kRead, UseSite::kBeforeEncoding);
-    lc.commandEncoder()->dispatch(
-        {{{x->buf, sim::Access::kRead}},
-         [b = x->buf, &seen] { seen = b->read(0); }});
+  EXPECT_EQ(readOnStream1(*x, table.get(key)), 5);
+  EXPECT_EQ(tracker_->gpuWaits(), 1u);
+}
+
+// The hook's per-stream cache is tagged by table: a use through a second
+// table, same stream, same buffer, same pass, is recorded in that table.
+TEST_F(DependencyTest, InPassHookKeepsTheUsesOfTwoTablesApart) {
+  makeStreams(2);
+  at::mps::BufferUseTable first, second;
+  auto x = tensor(0);
+  const void* key = x->buf.get();
+  stream(0).queue().pause();
+  stream(0).serial([&](sim::Lifecycle& lc) {
+    sim::EncoderPtr enc = lc.commandEncoder();
+    tracker_->useInPass(stream(0), first, key, Access::kWrite);
+    tracker_->useInPass(stream(0), second, key, Access::kWrite);
+    enc->dispatch(
+        {{{x->buf, sim::Access::kWrite}}, [b = x->buf] { b->write(0, 5); }});
     lc.synchronize(SyncType::COMMIT);
   });
-  stream(0).queue().resume();
-  stream(1).synchronize(SyncType::COMMIT_AND_WAIT);
+  EXPECT_EQ(readOnStream1(*x, second.get(key)), 5);
   EXPECT_EQ(tracker_->gpuWaits(), 1u);
-  EXPECT_EQ(seen.load(), 5);
 }
 
 // Randomized producer/consumer graphs: 16 threads, each on its own stream,
