@@ -303,8 +303,8 @@ TEST_F(DependencyTest, InPassHookRecordsAWriteOfALaterPassAtItsMark) {
   EXPECT_EQ(tracker_->gpuWaits(), 1u);
 }
 
-// The hook's per-stream cache is tagged by table: a use through a second
-// table, same stream, same buffer, same pass, is recorded in that table.
+// The hook's lookup cache is tagged by table: a use through a second table,
+// same stream, same buffer, same pass, is recorded in that table.
 TEST_F(DependencyTest, InPassHookKeepsTheUsesOfTwoTablesApart) {
   makeStreams(2);
   at::mps::BufferUseTable first, second;

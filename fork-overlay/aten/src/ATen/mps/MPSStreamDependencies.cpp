@@ -118,9 +118,7 @@ void DependencyTracker::useInPassSlow(
     BufferUseTable& table,
     const void* key,
     Access access) {
-  BufferUses& uses = table.get(key);
-  detail::cacheEntry(consumer.hook_cache_, key) = {table.id_, key, &uses};
-  use(consumer, uses, access, UseSite::kInPass);
+  use(consumer, table.get(key), access, UseSite::kInPass);
 }
 
 // The fast path (see the Note) applies when every buffer of the op is used

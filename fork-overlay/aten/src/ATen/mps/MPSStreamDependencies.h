@@ -120,34 +120,6 @@ class TORCH_API BufferUses {
   std::array<uint64_t, kStreamsPerPool> reads_ MPS_GUARDED_BY(mu_){};
 };
 
-namespace detail {
-// Direct-mapped caches of BufferUseTable lookups, tagged with the table's id
-// so that tables (the harness makes many) never see each other's entries.
-struct TableCacheEntry {
-  uint64_t table;
-  const void* key;
-  BufferUses* uses;
-  // Both fields in one expression: written with `&&`, clang keeps the first
-  // compare's result in a register (sete, then test) on the hook's fast path.
-  bool holds(uint64_t table_id, const void* k) const {
-    return ((table ^ table_id) |
-            (reinterpret_cast<uintptr_t>(key) ^
-             reinterpret_cast<uintptr_t>(k))) == 0;
-  }
-};
-using TableCache = std::array<TableCacheEntry, 64>;
-// get()'s; constant-initialized, so a lookup in an executable is a plain TLS
-// access.
-inline thread_local TableCache tls_table_cache{};
-inline size_t hashBufferKey(const void* key) {
-  const auto k = reinterpret_cast<uintptr_t>(key);
-  return static_cast<size_t>((k >> 4) ^ (k >> 12));
-}
-inline TableCacheEntry& cacheEntry(TableCache& cache, const void* key) {
-  return cache[hashBufferKey(key) % cache.size()];
-}
-} // namespace detail
-
 // What the tracker needs from a stream.
 class DependencyStream {
  public:
@@ -198,11 +170,32 @@ class DependencyStream {
   // the shifted open mark instead of building the word per access.
   const uint64_t writer_word_;
   const std::atomic<uint64_t>* open_mark_ = nullptr;
-  // The hook's lookups, cached like BufferUseTable::get()'s but per stream:
-  // only the thread in this stream's serial section uses them, so the hook
-  // reads no thread_local, a call per read in a shared library.
-  detail::TableCache hook_cache_{};
 };
+
+namespace detail {
+// Per-thread direct-mapped cache of BufferUseTable lookups, tagged with the
+// table's id so that tables (the harness makes many) never see each other's
+// entries. Constant-initialized, so a lookup is a plain TLS access.
+struct TableCacheEntry {
+  uint64_t table;
+  const void* key;
+  BufferUses* uses;
+  // Both fields in one expression: written with `&&`, clang keeps the first
+  // compare's result in a register (sete, then test) on the hook's fast path.
+  bool holds(uint64_t table_id, const void* k) const {
+    return ((table ^ table_id) |
+            (reinterpret_cast<uintptr_t>(key) ^
+             reinterpret_cast<uintptr_t>(k))) == 0;
+  }
+};
+constexpr size_t kTableCacheSize = 64;
+inline thread_local std::array<TableCacheEntry, kTableCacheSize>
+    tls_table_cache{};
+inline size_t hashBufferKey(const void* key) {
+  const auto k = reinterpret_cast<uintptr_t>(key);
+  return static_cast<size_t>((k >> 4) ^ (k >> 12));
+}
+} // namespace detail
 
 // Note [MPS buffer use table]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -212,8 +205,8 @@ class DependencyStream {
 // carries the uses of its previous life (a new user on another stream waits
 // for them), and so that cached pointers to records never dangle. Memory is
 // one record per distinct buffer address the process ever tracked. Lookups
-// go through a small direct-mapped cache, per thread (the hook's: per
-// stream); a miss takes one of 64 shard locks.
+// go through a small per-thread direct-mapped cache; a miss takes one of 64
+// shard locks.
 class TORCH_API BufferUseTable {
  public:
   BufferUseTable() = default;
@@ -221,8 +214,8 @@ class TORCH_API BufferUseTable {
   BufferUseTable& operator=(const BufferUseTable&) = delete;
 
   BufferUses& get(const void* key) {
-    detail::TableCacheEntry& e =
-        detail::cacheEntry(detail::tls_table_cache, key);
+    detail::TableCacheEntry& e = detail::tls_table_cache
+        [detail::hashBufferKey(key) % detail::kTableCacheSize];
     if (C10_LIKELY(e.holds(id_, key))) {
       return *e.uses;
     }
@@ -282,8 +275,7 @@ class TORCH_API DependencyTracker {
     use(consumer, &one, 1, site);
   }
 
-  // The per-kernel hook: a kInPass use of the buffer `key` names in `table`;
-  // the caller holds `consumer`'s serial section, as for use().
+  // The per-kernel hook: a kInPass use of the buffer `key` names in `table`.
   // A kernel of a pass that already recorded this use (the consumer is the
   // buffer's sole user at its open mark, a writer if this is a write) costs
   // a cache lookup and one load, inline: coalesced kernels share their
@@ -293,8 +285,8 @@ class TORCH_API DependencyTracker {
       BufferUseTable& table,
       const void* key,
       Access access) {
-    const detail::TableCacheEntry& e =
-        detail::cacheEntry(consumer.hook_cache_, key);
+    const detail::TableCacheEntry& e = detail::tls_table_cache
+        [detail::hashBufferKey(key) % detail::kTableCacheSize];
     if (C10_LIKELY(e.holds(table.id_, key))) {
       // A read matches a recorded read or write; a write, a recorded write.
       const uint64_t seen = e.uses->sole_.load(std::memory_order_acquire) |
