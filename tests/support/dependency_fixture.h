@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -77,6 +78,24 @@ class DependencyTest : public SimTest {
   }
   sim::SimStream& stream(int i) {
     return *streams_[i];
+  }
+
+  // For the in-pass hook tests: one pass on stream 0 that makes the hook
+  // calls `hooks` with its encoder open, writes `value` to `x`, and ends
+  // with `sync`.
+  void writeInPassOnStream0(
+      const Tensor& x,
+      int64_t value,
+      at::mps::SyncType sync,
+      const std::function<void()>& hooks) {
+    stream(0).serial([&](sim::Lifecycle& lc) {
+      sim::EncoderPtr enc = lc.commandEncoder();
+      hooks();
+      enc->dispatch({{{x.buf, sim::Access::kWrite}}, [b = x.buf, value] {
+                       b->write(0, value);
+                     }});
+      lc.synchronize(sync);
+    });
   }
 
   // For the in-pass hook tests, after stream 0 wrote `x` with its queue

@@ -266,13 +266,9 @@ TEST_F(DependencyTest, InPassHookRecordsAWriteAfterItsPassReadTheBuffer) {
   auto x = tensor(0);
   const void* key = x->buf.get();
   stream(0).queue().pause();
-  stream(0).serial([&](sim::Lifecycle& lc) {
-    sim::EncoderPtr enc = lc.commandEncoder();
+  writeInPassOnStream0(*x, 5, SyncType::COMMIT, [&] {
     tracker_->useInPass(stream(0), table, key, Access::kRead);
     tracker_->useInPass(stream(0), table, key, Access::kWrite);
-    enc->dispatch(
-        {{{x->buf, sim::Access::kWrite}}, [b = x->buf] { b->write(0, 5); }});
-    lc.synchronize(SyncType::COMMIT);
   });
   EXPECT_EQ(readOnStream1(*x, table.get(key)), 5);
   EXPECT_EQ(tracker_->gpuWaits(), 1u);
@@ -286,19 +282,12 @@ TEST_F(DependencyTest, InPassHookRecordsAWriteOfALaterPassAtItsMark) {
   at::mps::BufferUseTable table;
   auto x = tensor(0);
   const void* key = x->buf.get();
-  const auto writeInPass = [&](int64_t value, SyncType sync) {
-    stream(0).serial([&](sim::Lifecycle& lc) {
-      sim::EncoderPtr enc = lc.commandEncoder();
-      tracker_->useInPass(stream(0), table, key, Access::kWrite);
-      enc->dispatch({{{x->buf, sim::Access::kWrite}}, [b = x->buf, value] {
-                       b->write(0, value);
-                     }});
-      lc.synchronize(sync);
-    });
+  const auto hook = [&] {
+    tracker_->useInPass(stream(0), table, key, Access::kWrite);
   };
-  writeInPass(1, SyncType::COMMIT_AND_WAIT);
+  writeInPassOnStream0(*x, 1, SyncType::COMMIT_AND_WAIT, hook);
   stream(0).queue().pause();
-  writeInPass(5, SyncType::COMMIT);
+  writeInPassOnStream0(*x, 5, SyncType::COMMIT, hook);
   EXPECT_EQ(readOnStream1(*x, table.get(key)), 5);
   EXPECT_EQ(tracker_->gpuWaits(), 1u);
 }
@@ -311,13 +300,9 @@ TEST_F(DependencyTest, InPassHookKeepsTheUsesOfTwoTablesApart) {
   auto x = tensor(0);
   const void* key = x->buf.get();
   stream(0).queue().pause();
-  stream(0).serial([&](sim::Lifecycle& lc) {
-    sim::EncoderPtr enc = lc.commandEncoder();
+  writeInPassOnStream0(*x, 5, SyncType::COMMIT, [&] {
     tracker_->useInPass(stream(0), first, key, Access::kWrite);
     tracker_->useInPass(stream(0), second, key, Access::kWrite);
-    enc->dispatch(
-        {{{x->buf, sim::Access::kWrite}}, [b = x->buf] { b->write(0, 5); }});
-    lc.synchronize(SyncType::COMMIT);
   });
   EXPECT_EQ(readOnStream1(*x, second.get(key)), 5);
   EXPECT_EQ(tracker_->gpuWaits(), 1u);
