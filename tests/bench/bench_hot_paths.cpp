@@ -57,9 +57,6 @@ class IdleStream final : public at::mps::DependencyStream {
 struct Buffers {
   alignas(64) char storage[16][64];
   size_t visits = 0;
-  void* at(size_t i) {
-    return storage[i];
-  }
   void* next() {
     return storage[visits++ & 15];
   }
@@ -83,8 +80,8 @@ void BM_BufferAccess_SameStreamHook(benchmark::State& state) {
   IdleStream stream;
   tracker.registerStream(stream);
   Buffers buffers;
-  for (size_t i = 0; i < 16; ++i) { // first use of each takes the slow path
-    bench::trackedAccess(tracker, table, stream, buffers.at(i));
+  for (int i = 0; i < 16; ++i) { // first use of each takes the slow path
+    bench::trackedAccess(tracker, table, stream, buffers.next());
   }
   for (auto _ : state) {
     void* p = buffers.next();
