@@ -308,6 +308,38 @@ TEST_F(DependencyTest, InPassHookKeepsTheUsesOfTwoTablesApart) {
   EXPECT_EQ(tracker_->gpuWaits(), 1u);
 }
 
+// v2.9.1 binds some buffers outside the serial section (copy_from_mps_), so
+// the hook's per-stream cache has users besides the thread in the section,
+// here with keys that evict each other's entries. Under TSan this fails if
+// an entry is read or written non-atomically; everywhere, the pass's write
+// must still be recorded.
+TEST_F(DependencyTest, InPassHookOutsideTheSerialSectionSharesTheCache) {
+  makeStreams(2);
+  at::mps::BufferUseTable table;
+  std::vector<std::unique_ptr<Tensor>> xs;
+  for (int i = 0; i < 256; ++i) {
+    xs.push_back(tensor(0));
+  }
+  const int rounds = 50 * harness::stressScale();
+  const auto hookHalf = [&](int first) {
+    for (int r = 0; r < rounds; ++r) {
+      for (int i = first; i < first + 128; ++i) {
+        tracker_->useInPass(stream(0), table, xs[i]->buf.get(), Access::kWrite);
+      }
+    }
+  };
+  stream(0).queue().pause();
+  std::thread outside;
+  writeInPassOnStream0(*xs[0], 5, SyncType::COMMIT, [&] {
+    outside = std::thread(hookHalf, 128);
+    hookHalf(0);
+    outside.join();
+  });
+  EXPECT_EQ(readOnStream1(*xs[0], table.get(xs[0]->buf.get())), 5);
+  EXPECT_EQ(tracker_->gpuWaits(), 1u);
+  EXPECT_EQ(table.size(), 256u);
+}
+
 // Randomized producer/consumer graphs: 16 threads, each on its own stream,
 // issue ops over shared tensors in a global issue order (taken before the
 // stream's serial section, as independent threads would interleave); the

@@ -34,13 +34,16 @@ uint64_t BufferUseTable::nextId() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-BufferUses& BufferUseTable::getSlow(const void* key) {
+BufferUses& BufferUseTable::getSlow(
+    detail::TableCache& cache,
+    const void* key) {
   Shard& shard = shards_[detail::hashBufferKey(key) % kShards];
   MutexLock lock(shard.mu);
   auto& slot = shard.entries[key];
   if (!slot) {
-    slot = std::make_unique<BufferUses>();
+    slot = std::make_unique<BufferUses>(id_, key);
   }
+  detail::cacheSlot(cache, key).store(slot.get(), std::memory_order_release);
   return *slot;
 }
 
@@ -118,7 +121,10 @@ void DependencyTracker::useInPassSlow(
     BufferUseTable& table,
     const void* key,
     Access access) {
-  use(consumer, table.get(key), access, UseSite::kInPass);
+  use(consumer,
+      table.getSlow(consumer.hook_cache_, key),
+      access,
+      UseSite::kInPass);
 }
 
 // The fast path (see the Note) applies when every buffer of the op is used
