@@ -34,16 +34,13 @@ uint64_t BufferUseTable::nextId() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-BufferUses& BufferUseTable::getSlow(
-    detail::TableCache& cache,
-    const void* key) {
+BufferUses& BufferUseTable::getSlow(const void* key) {
   Shard& shard = shards_[detail::hashBufferKey(key) % kShards];
   MutexLock lock(shard.mu);
   auto& slot = shard.entries[key];
   if (!slot) {
     slot = std::make_unique<BufferUses>(id_, key);
   }
-  detail::cacheSlot(cache, key).store(slot.get(), std::memory_order_release);
   return *slot;
 }
 
@@ -121,10 +118,9 @@ void DependencyTracker::useInPassSlow(
     BufferUseTable& table,
     const void* key,
     Access access) {
-  use(consumer,
-      table.getSlow(consumer.hook_cache_, key),
-      access,
-      UseSite::kInPass);
+  BufferUses& uses = table.get(key);
+  hookEntry(consumer, key).store(&uses, std::memory_order_release);
+  use(consumer, uses, access, UseSite::kInPass);
 }
 
 // The fast path (see the Note) applies when every buffer of the op is used

@@ -99,7 +99,6 @@ class TORCH_API BufferUses {
   BufferUses& operator=(const BufferUses&) = delete;
 
  private:
-  friend class BufferUseTable;
   friend class DependencyStream;
   friend class DependencyTracker;
   // The fast path's word while every recorded use is by one stream, else 0:
@@ -116,8 +115,8 @@ class TORCH_API BufferUses {
     return (mark << kMarkShift) | (wrote ? kWroteBit : 0) |
         (static_cast<uint64_t>(stream) + 1);
   }
-  // What the lookup caches check (table ids start at 1), beside the word the
-  // hook reads next.
+  // What the hook's cache checks (table ids start at 1), beside the word it
+  // reads next.
   const uint64_t table_ = 0;
   const void* const key_ = nullptr;
   std::atomic<uint64_t> sole_{0};
@@ -126,24 +125,6 @@ class TORCH_API BufferUses {
   uint64_t last_write_ MPS_GUARDED_BY(mu_) = 0;
   std::array<uint64_t, kStreamsPerPool> reads_ MPS_GUARDED_BY(mu_){};
 };
-
-namespace detail {
-// Direct-mapped cache of BufferUseTable lookups. An entry is one pointer to a
-// record that names its own table and key, and records are never freed (Note
-// [MPS buffer use table]), so a reader racing a writer gets the old record or
-// the new one, never one buffer's key paired with another buffer's uses.
-using TableCache = std::array<std::atomic<BufferUses*>, 64>;
-inline size_t hashBufferKey(const void* key) {
-  const auto k = reinterpret_cast<uintptr_t>(key);
-  return static_cast<size_t>((k >> 4) ^ (k >> 12));
-}
-inline std::atomic<BufferUses*>& cacheSlot(TableCache& cache, const void* key) {
-  return cache[hashBufferKey(key) % cache.size()];
-}
-// BufferUseTable::get()'s; constant-initialized, so a lookup in an executable
-// is a plain TLS access.
-inline thread_local TableCache tls_table_cache{};
-} // namespace detail
 
 // What the tracker needs from a stream.
 class DependencyStream {
@@ -195,11 +176,41 @@ class DependencyStream {
   // the shifted open mark instead of building the word per access.
   const uint64_t writer_word_;
   const std::atomic<uint64_t>* open_mark_ = nullptr;
-  // The hook's lookups. Per stream, so that the hook reads no thread_local,
-  // a call per read in a shared library. Threads sharing the stream may hook
-  // at once: v2.9.1 binds some buffers outside the serial section.
-  detail::TableCache hook_cache_{};
+  // The hook's lookups, cached per stream so that the hook reads no
+  // thread_local (a call per read in a shared library). Threads sharing the
+  // stream may hook at once (v2.9.1 binds some buffers outside the serial
+  // section), so an entry is one pointer to a record that names its own
+  // table and key: a racing reader gets the old record or the new one. The
+  // hook reads an entry's record before it can tell whose it is, so a table
+  // must outlive the hooks of every stream that hooked through it (PyTorch's
+  // table is never destroyed).
+  std::array<std::atomic<BufferUses*>, 64> hook_cache_{};
 };
+
+namespace detail {
+// Per-thread direct-mapped cache of BufferUseTable lookups, tagged with the
+// table's id so that tables (the harness makes many) never see each other's
+// entries. Constant-initialized, so a lookup is a plain TLS access.
+struct TableCacheEntry {
+  uint64_t table;
+  const void* key;
+  BufferUses* uses;
+  // Both fields in one expression: written with `&&`, clang keeps the first
+  // compare's result in a register (sete, then test) on the hook's fast path.
+  bool holds(uint64_t table_id, const void* k) const {
+    return ((table ^ table_id) |
+            (reinterpret_cast<uintptr_t>(key) ^
+             reinterpret_cast<uintptr_t>(k))) == 0;
+  }
+};
+constexpr size_t kTableCacheSize = 64;
+inline thread_local std::array<TableCacheEntry, kTableCacheSize>
+    tls_table_cache{};
+inline size_t hashBufferKey(const void* key) {
+  const auto k = reinterpret_cast<uintptr_t>(key);
+  return static_cast<size_t>((k >> 4) ^ (k >> 12));
+}
+} // namespace detail
 
 // Note [MPS buffer use table]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -209,8 +220,8 @@ class DependencyStream {
 // carries the uses of its previous life (a new user on another stream waits
 // for them), and so that cached pointers to records never dangle. Memory is
 // one record per distinct buffer address the process ever tracked. Lookups
-// go through a small direct-mapped cache, per thread (the hook's: per
-// stream); a miss takes one of 64 shard locks.
+// go through a small per-thread direct-mapped cache; a miss takes one of 64
+// shard locks.
 class TORCH_API BufferUseTable {
  public:
   BufferUseTable() = default;
@@ -218,28 +229,18 @@ class TORCH_API BufferUseTable {
   BufferUseTable& operator=(const BufferUseTable&) = delete;
 
   BufferUses& get(const void* key) {
-    detail::TableCache& cache = detail::tls_table_cache;
-    BufferUses* uses = cached(cache, key);
-    return C10_LIKELY(uses != nullptr) ? *uses : getSlow(cache, key);
+    detail::TableCacheEntry& e = detail::tls_table_cache
+        [detail::hashBufferKey(key) % detail::kTableCacheSize];
+    if (C10_LIKELY(e.holds(id_, key))) {
+      return *e.uses;
+    }
+    BufferUses& uses = getSlow(key);
+    e = {id_, key, &uses};
+    return uses;
   }
   size_t size() const;
 
  private:
-  // The record `cache` holds for `key` in this table, or nullptr. Both
-  // fields in one expression: written with `&&`, clang keeps the first
-  // compare's result in a register (sete, then test) on the hook's fast path.
-  BufferUses* cached(detail::TableCache& cache, const void* key) const {
-    BufferUses* uses =
-        detail::cacheSlot(cache, key).load(std::memory_order_acquire);
-    return uses != nullptr &&
-            ((uses->table_ ^ id_) |
-             (reinterpret_cast<uintptr_t>(uses->key_) ^
-              reinterpret_cast<uintptr_t>(key))) == 0
-        ? uses
-        : nullptr;
-  }
-  // Finds or makes the record, and caches it in `cache`.
-  BufferUses& getSlow(detail::TableCache& cache, const void* key);
   static constexpr size_t kShards = 64;
   struct Shard {
     mutable Mutex mu;
@@ -247,6 +248,7 @@ class TORCH_API BufferUseTable {
         MPS_GUARDED_BY(mu);
   };
   friend class DependencyTracker;
+  BufferUses& getSlow(const void* key);
   const uint64_t id_ = nextId();
   static uint64_t nextId();
   std::array<Shard, kShards> shards_;
@@ -298,8 +300,14 @@ class TORCH_API DependencyTracker {
       BufferUseTable& table,
       const void* key,
       Access access) {
-    const BufferUses* uses = table.cached(consumer.hook_cache_, key);
-    if (C10_LIKELY(uses != nullptr)) {
+    const BufferUses* uses =
+        hookEntry(consumer, key).load(std::memory_order_acquire);
+    // Both fields in one expression, as in TableCacheEntry::holds().
+    if (C10_LIKELY(
+            uses != nullptr &&
+            ((uses->table_ ^ table.id_) |
+             (reinterpret_cast<uintptr_t>(uses->key_) ^
+              reinterpret_cast<uintptr_t>(key))) == 0)) {
       // A read matches a recorded read or write; a write, a recorded write.
       const uint64_t seen = uses->sole_.load(std::memory_order_acquire) |
           (access == Access::kRead ? BufferUses::kWroteBit : 0);
@@ -330,6 +338,12 @@ class TORCH_API DependencyTracker {
     StreamIndex stream;
     uint64_t point;
   };
+  static std::atomic<BufferUses*>& hookEntry(
+      DependencyStream& consumer,
+      const void* key) {
+    return consumer
+        .hook_cache_[detail::hashBufferKey(key) % consumer.hook_cache_.size()];
+  }
   C10_NOINLINE void useInPassSlow(
       DependencyStream& consumer,
       BufferUseTable& table,
