@@ -220,8 +220,8 @@ inline size_t hashBufferKey(const void* key) {
 // carries the uses of its previous life (a new user on another stream waits
 // for them), and so that cached pointers to records never dangle. Memory is
 // one record per distinct buffer address the process ever tracked. Lookups
-// go through a small per-thread direct-mapped cache; a miss takes one of 64
-// shard locks.
+// go through a small direct-mapped cache, per thread (the hook's: per
+// stream); a miss takes one of 64 shard locks.
 class TORCH_API BufferUseTable {
  public:
   BufferUseTable() = default;
