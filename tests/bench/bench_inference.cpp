@@ -4,7 +4,9 @@
 //  - V291OneStream: v2.9.1's model. One stream whose serial queue is held
 //    for the whole encode-and-wait (ops dispatch_sync onto it, and
 //    COMMIT_AND_WAIT waits inside), modelled as one lock.
-//  - Pool: each thread encodes on its own pool stream.
+//  - Pool: each thread encodes on its own pool stream, and each kernel binds
+//    its buffer through the dependency hook on the current stream, as
+//    getMTLBufferStorage() does with the patch (v2.9.1 binds with a cast).
 //
 // Both use the same device: a GPU that runs at most kGpuParallelism command
 // buffers at once, so extra queues cannot buy more GPU than there is. The
@@ -14,6 +16,8 @@
 #include <benchmark/benchmark.h>
 
 #include "SimStream.h"
+
+#include <ATen/mps/MPSStreamDependencies.h>
 
 #include <chrono>
 #include <mutex>
@@ -42,10 +46,12 @@ void spin(std::chrono::microseconds d) {
   }
 }
 
-void inference(sim::SimStream& s, const sim::BufferPtr& buf) {
+template <typename Bind>
+void inference(sim::SimStream& s, const sim::BufferPtr& buf, Bind&& bind) {
   s.serial([&](sim::Lifecycle& lc) {
     for (int k = 0; k < kKernelsPerInference; ++k) {
       spin(kEncodeCost);
+      bind();
       lc.commandEncoder()->dispatch({{{buf, sim::Access::kRead}}, nullptr});
     }
     lc.synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
@@ -58,7 +64,7 @@ void BM_Inference_V291OneStream(benchmark::State& state) {
   auto buf = device().newBuffer(1);
   for (auto _ : state) {
     std::lock_guard<std::mutex> lock(serial_queue);
-    inference(*stream, buf);
+    inference(*stream, buf, [] {});
   }
   state.SetItemsProcessed(state.iterations());
 }
@@ -73,9 +79,16 @@ void BM_Inference_Pool(benchmark::State& state) {
   static auto* pool = new sim::SimStreamPool(
       std::make_unique<sim::SimStreamBackend>(device()),
       at::mps::StreamPoolOptions{});
+  static auto* tracker = new at::mps::DependencyTracker();
+  static auto* table = new at::mps::BufferUseTable();
   auto buf = device().newBuffer(1);
+  tracker->registerStream(pool->currentStream());
+  const auto bind = [&] {
+    tracker->useInPass(
+        pool->currentStream(), *table, buf.get(), at::mps::Access::kWrite);
+  };
   for (auto _ : state) {
-    inference(pool->currentStream(), buf);
+    inference(pool->currentStream(), buf, bind);
   }
   state.SetItemsProcessed(state.iterations());
 }
