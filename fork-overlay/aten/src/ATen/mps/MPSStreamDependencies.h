@@ -115,8 +115,7 @@ class TORCH_API BufferUses {
     return (mark << kMarkShift) | (wrote ? kWroteBit : 0) |
         (static_cast<uint64_t>(stream) + 1);
   }
-  // What the hook's cache checks (table ids start at 1), beside the word it
-  // reads next.
+  // What the hook's cache checks (table ids start at 1), beside sole_.
   const uint64_t table_ = 0;
   const void* const key_ = nullptr;
   std::atomic<uint64_t> sole_{0};
@@ -176,14 +175,11 @@ class DependencyStream {
   // the shifted open mark instead of building the word per access.
   const uint64_t writer_word_;
   const std::atomic<uint64_t>* open_mark_ = nullptr;
-  // The hook's lookups, cached per stream so that the hook reads no
-  // thread_local (a call per read in a shared library). Threads sharing the
-  // stream may hook at once (v2.9.1 binds some buffers outside the serial
-  // section), so an entry is one pointer to a record that names its own
-  // table and key: a racing reader gets the old record or the new one. The
-  // hook reads an entry's record before it can tell whose it is, so a table
-  // must outlive the hooks of every stream that hooked through it (PyTorch's
-  // table is never destroyed).
+  // The hook's lookups, per stream so that it reads no thread_local (a call
+  // in a shared library). v2.9.1 binds some buffers outside the serial
+  // section, so an entry is one atomic pointer to a record naming its table
+  // and key. The hook reads the record before it can tell whose it is: a
+  // table must outlive the hooks of the streams that used it (PyTorch's does).
   std::array<std::atomic<BufferUses*>, 64> hook_cache_{};
 };
 
