@@ -69,8 +69,8 @@ class SimStream final : public at::mps::DependencyStream {
       at::mps::StreamIndex index,
       bool commit_and_continue)
       : DependencyStream(index),
-        queue_(queue),
-        lifecycle_(makeOps(*queue), std::move(queue), commit_and_continue) {
+        queue_(std::move(queue)),
+        lifecycle_(makeOps(*queue_), queue_, commit_and_continue) {
     bindOpenMark(lifecycle_.openMarkAtomic());
   }
 
