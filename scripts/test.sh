@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test suite of the repository; exits non-zero if any fails.
 #   scripts/test.sh [--quick]     (--quick: dev preset only, no sanitizers)
-# Suites: the CTest harness under the dev, tsan and asan presets; the glue
-# tests (scripts/glue_tests.sh) in the same variants; the BatchQueue tests
+# Suites: the CTest harness under the dev, tsan and asan presets and, built
+# with GCC, the gcc preset; the glue tests (scripts/glue_tests.sh) in the
+# dev, tsan and asan variants; the BatchQueue tests
 # (Debian's CPU torch, system python); flake8 and bash lint; clang-format; no
 # copyright claims in added files; the SPIN models; the differential compile
 # check; the patch-vs-overlay and series-vs-overlay checks; and, when the
@@ -43,6 +44,9 @@ ctest_suite() { # ctest_suite PRESET
 presets=(dev tsan asan)
 [ "${1:-}" = "--quick" ] && presets=(dev)
 for p in "${presets[@]}"; do ctest_suite "$p"; done
+# A second compiler: where Clang and GCC differ (argument evaluation order,
+# for one), only running both shows it.
+[ "${1:-}" = "--quick" ] || ctest_suite gcc
 
 # The patched Objective-C++ glue on the simulated Metal runtime
 # (reports/glue-on-linux.md), in the same variants. The patched .mm files are
