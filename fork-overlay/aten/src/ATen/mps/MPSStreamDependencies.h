@@ -191,14 +191,19 @@ struct TableCacheEntry {
   uint64_t table;
   const void* key;
   BufferUses* uses;
-  // Both fields in one expression: written with `&&`, clang keeps the first
-  // compare's result in a register (sete, then test) on the hook's fast path.
-  bool holds(uint64_t table_id, const void* k) const {
-    return ((table ^ table_id) |
-            (reinterpret_cast<uintptr_t>(key) ^
-             reinterpret_cast<uintptr_t>(k))) == 0;
-  }
 };
+// (table, key) == (table_id, k), as one expression: written with `&&`, clang
+// keeps the first compare's result in a register (sete, then test) on the
+// hook's fast path.
+inline bool sameTableAndKey(
+    uint64_t table,
+    const void* key,
+    uint64_t table_id,
+    const void* k) {
+  return ((table ^ table_id) |
+          (reinterpret_cast<uintptr_t>(key) ^
+           reinterpret_cast<uintptr_t>(k))) == 0;
+}
 constexpr size_t kTableCacheSize = 64;
 inline thread_local std::array<TableCacheEntry, kTableCacheSize>
     tls_table_cache{};
@@ -227,7 +232,7 @@ class TORCH_API BufferUseTable {
   BufferUses& get(const void* key) {
     detail::TableCacheEntry& e = detail::tls_table_cache
         [detail::hashBufferKey(key) % detail::kTableCacheSize];
-    if (C10_LIKELY(e.holds(id_, key))) {
+    if (C10_LIKELY(detail::sameTableAndKey(e.table, e.key, id_, key))) {
       return *e.uses;
     }
     BufferUses& uses = getSlow(key);
@@ -298,12 +303,10 @@ class TORCH_API DependencyTracker {
       Access access) {
     const BufferUses* uses =
         hookEntry(consumer, key).load(std::memory_order_acquire);
-    // Both fields in one expression, as in TableCacheEntry::holds().
     if (C10_LIKELY(
             uses != nullptr &&
-            ((uses->table_ ^ table.id_) |
-             (reinterpret_cast<uintptr_t>(uses->key_) ^
-              reinterpret_cast<uintptr_t>(key))) == 0)) {
+            detail::sameTableAndKey(
+                uses->table_, uses->key_, table.id_, key))) {
       // A read matches a recorded read or write; a write, a recorded write.
       const uint64_t seen = uses->sole_.load(std::memory_order_acquire) |
           (access == Access::kRead ? BufferUses::kWroteBit : 0);
