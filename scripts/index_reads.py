@@ -18,11 +18,12 @@ text is missing or does not match.
 """
 
 import argparse
-import hashlib
 import os
 import re
 import subprocess
 import sys
+
+from overlay import blob_sha
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(os.path.expanduser("~"), ".cache")
@@ -36,12 +37,8 @@ def rows(tsv):
     return [dict(zip(lines[0], cols)) for cols in lines[1:]]
 
 
-def blob_sha1(data):
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 def install(data, sha, dest):
-    if blob_sha1(data) != sha:
+    if blob_sha(data) != sha:
         return False
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with open(dest, "wb") as f:
@@ -68,7 +65,7 @@ def main():
             data = f.read()
         dest = os.path.join(CACHE, cache, path)
         if not install(data, r["git_blob_sha1"], dest):
-            print(f"WRONG    {path}: {read} has blob {blob_sha1(data)}, the row pins {r['git_blob_sha1']}")
+            print(f"WRONG    {path}: {read} has blob {blob_sha(data)}, the row pins {r['git_blob_sha1']}")
             failed += 1
             continue
         m = RESOLVED.search(r.get("note", ""))
@@ -77,7 +74,7 @@ def main():
             resolved = subprocess.run([sys.executable, KIT, dest, "/dev/stdout", side],
                                       check=True, capture_output=True).stdout
             if not install(resolved, m.group(2), os.path.join(CACHE, cache + "-resolved", path)):
-                print(f"WRONG    {path}: resolved to {side}, blob {blob_sha1(resolved)}, the note pins {m.group(2)}")
+                print(f"WRONG    {path}: resolved to {side}, blob {blob_sha(resolved)}, the note pins {m.group(2)}")
                 failed += 1
                 continue
         print(f"OK       {path}")
