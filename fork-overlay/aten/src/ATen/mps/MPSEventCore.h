@@ -76,7 +76,7 @@ class StreamEvent {
     }
     // The timing notification is registered before the signal is encoded,
     // while the value cannot have been reached: Metal documents when a
-    // listener runs only for that case (METAL-SEMANTICS.md section 4).
+    // listener runs only for that case (notifyListener:atValue:block:).
     if (timing) {
       notifyCompletion(value, /*record_time=*/true);
     }

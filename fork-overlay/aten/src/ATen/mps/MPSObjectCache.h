@@ -21,7 +21,7 @@ namespace at::mps {
 // (Note [MPS create-once cache]), and an encode lock per entry that every
 // encode of the object holds: encodes of one object are serialised, of
 // different objects run in parallel. Per-thread caches would build, compile
-// and keep every graph once per thread (reports/op-thread-safety.md).
+// and keep every graph once per thread.
 //
 // Encoders usually hold only the raw object (runMPSGraph gets an MPSGraph*),
 // so entries are also indexed by their object's address; an object not from

@@ -351,8 +351,7 @@ void DependencyTracker::waitFor(
         "encoding a Metal kernel that reads a buffer the other one is "
         "still writing, so neither can go first. Order the two threads "
         "(torch.mps.synchronize(), an Event, or Stream.wait_stream) or let "
-        "one finish before the other uses its outputs. See "
-        "reports/cross-stream-contract.md.");
+        "one finish before the other uses its outputs.");
   }
   try {
     if (until == Until::kCommitted) {

@@ -82,8 +82,7 @@ namespace at::mps {
 // each awaited mark is still uncommitted finds the one case with no valid
 // order: a kInPass wait, whose thread cannot commit while it holds its
 // encoder, that (directly or through other waits) needs its own open pass.
-// The tracker raises an error naming both streams instead of hanging (see
-// reports/cross-stream-contract.md).
+// The tracker raises an error naming both streams instead of hanging.
 
 enum class Access : uint8_t { kRead, kWrite };
 enum class UseSite : uint8_t { kBeforeEncoding, kInPass };

@@ -281,9 +281,9 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
 // call: set_stream(own) inside a guard onto `own` undoes the guard's entry,
 // so a release there goes through and the guard's exit leases again; and
 // set_stream() to the current slot, or inside a guard, opens an entry that
-// nothing closes, so a later release is refused. tests/model/stream_lease.pml
-// (run_stream_lease.sh --gaps) shows both; closing them needs a restore call
-// that c10's stream guards do not make today.
+// nothing closes, so a later release is refused. A model check of this rule
+// finds both; closing them needs a restore call that c10's stream guards do
+// not make today.
 StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   checkNotForked();
   checkStreamIndex(index);
