@@ -571,8 +571,8 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateFromDevice(
 }
 
 // The miss path: commit hints, garbage collection, device allocation and
-// v2.9.1's out-of-memory ladder (callbacks and cache, this pool's cached
-// blocks, then every cached block after waiting for its streams).
+// the out-of-memory ladder (callbacks and cache, this pool's cached blocks,
+// then every cached block after waiting for its streams).
 CachingAllocatorCore::Block* CachingAllocatorCore::allocateBlock(
     Pool& p,
     size_t size,

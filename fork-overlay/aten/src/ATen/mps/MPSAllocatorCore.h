@@ -87,10 +87,10 @@ class AllocatorBackend {
 // allocate, or call out (but for gpuReferenced on rare release paths). A
 // std::mutex costs two atomic read-modify-writes per critical section (its
 // unlock must look for sleeping waiters), which alone made a single-threaded
-// malloc/free pair 1.5x v2.9.1's on large x86 cores. This lock costs one: an
-// exchange to acquire, a release store to release. A waiter spins on a plain
-// load, then yields, then sleeps between tries, so a preempted holder gets
-// to run whatever the priorities.
+// malloc/free pair 1.5x one under a single allocator-wide lock on large x86
+// cores. This lock costs one: an exchange to acquire, a release store to
+// release. A waiter spins on a plain load, then yields, then sleeps between
+// tries, so a preempted holder gets to run whatever the priorities.
 class MPS_THREAD_ANNOTATION(capability("mutex")) CacheLock {
  public:
   void lock() MPS_ACQUIRE() {
@@ -133,7 +133,7 @@ struct AllocatorPoolOptions {
 // concurrency, and a snapshot taken while no thread is inside the allocator
 // is exact; reserved_bytes and its peak are exact at every instant.
 // allocated_bytes is a sum of per-stream counters (see Note [MPS allocator
-// locking]), so it has no peak: v2.9.1 exposes none, and one shared counter
+// locking]), so it has no peak: torch.mps exposes none, and one shared counter
 // would cost every malloc and free a contended cache line.
 struct AllocatorStats {
   int64_t reserved_bytes = 0; // device memory held in blocks, any state
@@ -176,7 +176,7 @@ struct AllocatorCensus {
 //     to A's stream cache and a malloc on A may take it at once. The new work
 //     is encoded on A after the old, and one queue runs hazard-tracked work
 //     in order, so the GPU sees the old uses finish before the new ones
-//     start. This is v2.9.1's rule, now per stream.
+//     start. This is the one-queue rule, applied per stream.
 //  2. Otherwise the block is pending until every fence has completed
 //     (completedPoint(S) >= value). Pending blocks are resolved by
 //     completion handlers on the streams that carried the work, and lazily
@@ -282,7 +282,7 @@ class CachingAllocatorCore {
   // cached block. Blocks freed while it runs may stay cached.
   void emptyCache();
   // Moves pending blocks whose fences have completed to their pools' free
-  // sets (v2.9.1's freeInactiveBuffers).
+  // sets.
   void resolvePending();
   // Device bytes at or above which pressure-aware pools collect garbage and
   // avoid oversized reuse; 0 disables it.

@@ -19,9 +19,9 @@ namespace at::mps {
 // A Metal shared event's value only rises: a smaller signal or CPU write
 // changes nothing, so an event never rewinds. Each record() takes the next
 // value of the event's own counter, which keeps counting across reuse from
-// the pool; "not recorded" is a separate state, not value 0. (v2.9.1 wrote
-// signaledValue = 0 when an event moved streams; Metal ignores that, so the
-// reused event looked signalled and waits were skipped.)
+// the pool; "not recorded" is a separate state, not value 0. (Writing
+// signaledValue = 0 to reuse an event changes nothing, so the reused event
+// would look signalled and waits on it would be skipped.)
 //
 // record(stream) and wait(stream) act on the stream given, whatever stream
 // the event was made with. A wait first commits the recording stream, so it
@@ -109,8 +109,8 @@ class StreamEvent {
     return true;
   }
 
-  // True once the recorded work has completed; false if never recorded
-  // (as v2.9.1's torch.mps.Event.query()).
+  // True once the recorded work has completed; false if never recorded,
+  // as torch.mps.Event.query() has always answered.
   bool query() const MPS_EXCLUDES(mu_) {
     const uint64_t value = recorded();
     return value != 0 && backend_->signaledValue(handle_) >= value;

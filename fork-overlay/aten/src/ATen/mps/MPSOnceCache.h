@@ -28,8 +28,8 @@ namespace at::mps {
 //    and a waiting (or the next) request runs create() again.
 //  - create() requesting its own key raises instead of waiting for itself.
 //  - Values never move and are never removed: references stay valid for the
-//    cache's lifetime. No eviction, as in v2.9.1, since callers keep raw
-//    references past the lookup.
+//    cache's lifetime. No eviction, since callers keep raw references past
+//    the lookup.
 // Keys are spread over independently locked shards so that hits on different
 // keys do not contend on one mutex.
 template <typename Key, typename Value, typename Hash = std::hash<Key>>

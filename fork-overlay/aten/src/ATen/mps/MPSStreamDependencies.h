@@ -175,10 +175,10 @@ class DependencyStream {
   const uint64_t writer_word_;
   const std::atomic<uint64_t>* open_mark_ = nullptr;
   // The hook's lookups, per stream so that it reads no thread_local (a call
-  // in a shared library). v2.9.1 binds some buffers outside the serial
-  // section, so an entry is one atomic pointer to a record naming its table
-  // and key. The hook reads the record before it can tell whose it is: a
-  // table must outlive the hooks of the streams that used it (PyTorch's does).
+  // in a shared library). Copy.mm and ConstantOps.mm bind buffers outside
+  // the serial section, so an entry is one atomic pointer to a record naming
+  // its table and key, read before it can be checked: a table (PyTorch's is
+  // leaked) must outlive the hooks of the streams that used it.
   std::array<std::atomic<BufferUses*>, 64> hook_cache_{};
 };
 

@@ -58,8 +58,8 @@ inline void checkStreamIndex(StreamIndex index) {
 //   bit 63 .............................. 5 4 ........ 0
 //   |              always zero             | slot index |
 //
-// so id 0 is the default stream (v2.9.1's single stream) and the sign bit
-// stays clear. Any other id is rejected with an error that names it.
+// so id 0 is the default stream and the sign bit stays clear. Any other id is
+// rejected with an error that names it.
 constexpr int kStreamIdIndexBits = 5;
 static_assert(
     kStreamsPerPool <= (1 << kStreamIdIndexBits),
