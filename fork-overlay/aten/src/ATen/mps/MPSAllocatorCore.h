@@ -3,7 +3,7 @@
 // Portable core of the MPS caching allocator: pools, locking, pending frees,
 // stream uses and the reuse rule. No Objective-C and no Metal here: PyTorch
 // gives CachingAllocatorCore a backend over MTLHeap/MTLBuffer and MPSStream,
-// the harness one over the simulated runtime.
+// tests one over a simulated runtime.
 
 #include <ATen/mps/MPSStreamPool.h>
 #include <ATen/mps/MPSThreadAnnotations.h>
@@ -27,7 +27,7 @@ namespace at::mps {
 
 // The allocator's view of the streams: each stream's commit-point timeline
 // (see Note [MPS command buffer lifecycle]). PyTorch implements it over
-// MPSStream, the harness over SimStream.
+// MPSStream, tests over a simulated stream.
 //
 // The allocator never calls these while holding one of its own locks, so an
 // implementation may take stream locks and may run `fn` inline.

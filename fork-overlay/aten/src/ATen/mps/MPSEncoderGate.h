@@ -19,16 +19,16 @@ inline constexpr EnvSwitch kSerializeComputeEncodersSwitch{
 
 // Note [MPS compute-encoder lifecycle gate]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The dML project reports crashes in Apple's AGX driver when one thread ends
-// a compute encoder while another, on another queue, creates or uses one: a
-// driver race that our own locking cannot prevent. With
-// MPS_SERIALIZE_COMPUTE_ENCODERS=1, every compute-encoder creation and
-// endEncoding routed through run() (GatedEncoderOps, MPSGraph encodes) holds
-// one process-wide mutex. Encoding into an open encoder is not gated, so
-// streams still encode in parallel and the gate narrows the race rather than
-// excluding it. Off (the default), run() costs one relaxed load. The variable
-// is read strictly on first use (Note [MPS environment switches]); a
-// malformed value raises from every use.
+// The dML project (github.com/dropbox/dML) reports crashes in Apple's AGX
+// driver when one thread ends a compute encoder while another, on another
+// queue, creates or uses one: a driver race that our own locking cannot
+// prevent. With MPS_SERIALIZE_COMPUTE_ENCODERS=1, every compute-encoder
+// creation and endEncoding routed through run() (GatedEncoderOps, MPSGraph
+// encodes) holds one process-wide mutex. Encoding into an open encoder is
+// not gated, so streams still encode in parallel and the gate narrows the
+// race rather than excluding it. Off (the default), run() costs one relaxed
+// load. The variable is read strictly on first use; a malformed value raises
+// from every use (Note [MPS environment switches]).
 //
 // The mutex is a leaf lock: fn() must not enter a serial section, a
 // command-buffer lifecycle lock or the gate, so callers evaluate

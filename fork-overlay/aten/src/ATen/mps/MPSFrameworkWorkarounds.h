@@ -11,11 +11,12 @@ namespace at::mps {
 
 // Note [MPS Apple framework workarounds]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The dML project found MPS kernels that fail when encoded from several
-// threads at once even with per-thread kernel objects, queues and command
-// buffers: the shared state is inside Apple's framework, per kernel class. So
-// each such family gets one process-wide lock, held only around its encoding
-// (SerializedEncode); other ops and MPSGraph paths take none.
+// The dML project (github.com/dropbox/dML) found MPS kernels that fail when
+// encoded from several threads at once even with per-thread kernel objects,
+// queues and command buffers: the shared state is inside Apple's framework,
+// per kernel class. So each such family gets one process-wide lock, held only
+// around its encoding (SerializedEncode); other ops and MPSGraph paths take
+// none.
 //
 // Where an op has an MPSGraph implementation (nn.Linear, LayerNorm),
 // serialising is not enough (dML saw no-graph Linear fail at 3+ threads even

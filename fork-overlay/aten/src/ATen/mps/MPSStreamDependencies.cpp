@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <vector>
 
-// The harness builds this file a second time with this hook defined, to stop
-// a thread right after the fast path published the use of buffer `i` of an
-// op: the point where a takeover by another stream must not be able to make
-// the two streams wait for each other (stream_dependencies_race_test).
+// A test build defines this hook to stop a thread right after the fast path
+// published the use of buffer `i` of an op: the point where a takeover by
+// another stream must not be able to make the two streams wait for each
+// other.
 #ifndef MPS_DEPENDENCY_FAST_PATH_HOOK
 #define MPS_DEPENDENCY_FAST_PATH_HOOK(i)
 #endif

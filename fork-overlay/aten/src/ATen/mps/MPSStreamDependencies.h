@@ -184,7 +184,7 @@ class DependencyStream {
 
 namespace detail {
 // Per-thread direct-mapped cache of BufferUseTable lookups, tagged with the
-// table's id so that tables (the harness makes many) never see each other's
+// table's id so that tables (tests make many) never see each other's
 // entries. Constant-initialized, so a lookup is a plain TLS access.
 struct TableCacheEntry {
   uint64_t table;

@@ -21,7 +21,7 @@ namespace at::mps {
 // slot 0 is the default stream, the others are worker streams. A stream is
 // created on first use of its slot, exactly once; a failed creation leaves the
 // slot empty for a later retry. The pool is templated on the stream type, so
-// the harness runs this same code over a simulated stream.
+// tests run this same code over a simulated stream.
 //
 // The main thread starts on the default stream (Note [MPS current stream]).
 // Any other thread, on first use, leases a free worker slot exclusively until
@@ -227,7 +227,7 @@ class StreamPool {
     });
   }
 
-  // Only harness pools are destroyed; see Note [MPS stream pool]. Members are
+  // Only tests destroy pools; see Note [MPS stream pool]. Members are
   // declared so that slots_ unregisters (and waits out any thread returning a
   // lease) before the streams are deleted, and the backend goes last.
   ~StreamPool() = default;
