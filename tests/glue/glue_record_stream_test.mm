@@ -1,0 +1,73 @@
+// aten::record_stream's MPS kernel (RecordStream.mm), reached through the
+// dispatcher as Tensor.record_stream reaches it.
+
+#include "GlueTest.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/mps/MPSAllocatorInterface.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/TensorImpl.h>
+
+#include <string>
+
+namespace {
+
+using glue::GlueTest;
+
+// An int64 MPS tensor over the MPS allocator, made without an ATen op: the
+// Linux wheel registers no MPS kernel but the ones this build links in.
+at::Tensor mpsTensor(int64_t elements) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(),
+                       elements * sizeof(int64_t),
+                       at::mps::getIMPSAllocator(),
+                       /*resizable=*/false);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::MPS), caffe2::TypeMeta::Make<int64_t>());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({elements});
+  return t;
+}
+
+id<MTLBuffer> bufferOf(const at::Tensor& t) {
+  return (__bridge id<MTLBuffer>)t.storage().data();
+}
+
+// A tensor allocated on the default stream and used by a kernel on worker
+// stream B, then freed: after Tensor.record_stream(B) no thread gets its
+// block while B's kernel may still run. The fixture's hazard check at every
+// handout is the judge; without the kernel's recordStream() the block goes
+// back to the default stream's cache at once.
+TEST_F(GlueTest, TensorRecordStreamKeepsTheBlockFromReuseUntilTheUseCompleted) {
+  constexpr int kRounds = 40;
+  for (int r = 0; r < kRounds; ++r) {
+    at::Tensor t = mpsTensor(512);
+    const c10::Stream b = at::mps::getMPSStream(2 + r % 6)->unwrap();
+    {
+      c10::StreamGuard g(b);
+      sim::BufferPtr buffer = sim::metal::bufferOf(bufferOf(t));
+      glue::encodeKernel({bufferOf(t)}, [buffer] { std::this_thread::sleep_for(std::chrono::microseconds(500)); });
+      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
+    }
+    t.record_stream(b);
+    t.reset();
+    std::thread([] { glue::allocated(4096); }).join();
+    glue::allocated(4096);
+  }
+}
+
+// Also for an empty tensor, which has no block for the allocator to check.
+TEST_F(GlueTest, TensorRecordStreamOnAStreamOfAnotherDeviceTypeIsAnErrorNamingIt) {
+  const c10::Stream cpu(c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CPU));
+  for (int64_t elements : {8, 0}) {
+    at::Tensor t = mpsTensor(elements);
+    try {
+      t.record_stream(cpu);
+      ADD_FAILURE() << "record_stream accepted a CPU stream for an MPS tensor of " << elements << " elements";
+    } catch (const c10::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("record_stream: expected an MPS stream for an MPS tensor"), std::string::npos) << what;
+      EXPECT_NE(what.find("cpu"), std::string::npos) << what;
+    }
+  }
+}
+
+} // namespace
