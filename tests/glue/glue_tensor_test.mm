@@ -1,13 +1,19 @@
-// aten::record_stream's MPS kernel (RecordStream.mm), reached through the
-// dispatcher as Tensor.record_stream reaches it.
+// MPS tensors in the glue: a custom kernel binding them with
+// OperationUtils.h's mtl_setArgs, and aten::record_stream's MPS kernel
+// (RecordStream.mm) reached through the dispatcher as Tensor.record_stream
+// reaches it.
 
 #include "GlueTest.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/mps/MPSAllocatorInterface.h>
+#include <ATen/native/mps/OperationUtils.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/TensorImpl.h>
+#include <dispatch/dispatch.h>
 
+#include <atomic>
+#include <memory>
 #include <string>
 
 namespace {
@@ -29,6 +35,45 @@ at::Tensor mpsTensor(int64_t elements) {
 
 id<MTLBuffer> bufferOf(const at::Tensor& t) {
   return (__bridge id<MTLBuffer>)t.storage().data();
+}
+
+// A custom-kernel op on stream `s`, as ops encode one: in the stream's serial
+// section, its compute encoder, the tensor bound with mtl_setArgs (whose
+// getMTLBufferStorage() records the use with the dependency tracker), one
+// dispatch whose body runs on the simulated GPU; then committed.
+void encodeBinding(const c10::Stream& s, const at::Tensor& t, std::function<void()> body) {
+  c10::StreamGuard guard(s);
+  at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
+  @autoreleasepool {
+    dispatch_sync(stream->queue(), ^() {
+      id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();
+      at::native::mps::mtl_setArgs(encoder, t);
+      sim::metal::dispatchKernel(encoder, {}, body);
+    });
+  }
+  stream->synchronize(at::mps::SyncType::COMMIT);
+}
+
+// A kernel on stream B that binds a tensor stream A's kernel is still
+// writing runs after it, with no event or synchronization call: the
+// fixture's hazard detector (no two queues on one buffer at once with a
+// write) is the judge, and B's kernel must read A's value. Without the
+// dependency hook in getMTLBufferStorage() both fail.
+TEST_F(GlueTest, KernelBindingATensorWithMtlSetArgsRunsAfterAnotherStreamsWrite) {
+  constexpr int kRounds = 20;
+  for (int r = 0; r < kRounds; ++r) {
+    at::Tensor t = mpsTensor(64);
+    sim::BufferPtr buffer = sim::metal::bufferOf(bufferOf(t));
+    auto seen = std::make_shared<std::atomic<int64_t>>(-1);
+    encodeBinding(at::mps::getMPSStream(2 + r % 3)->unwrap(), t, [buffer, r] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      reinterpret_cast<int64_t*>(buffer->contents())[0] = r + 1;
+    });
+    at::mps::MPSStream* b = at::mps::getMPSStream(5 + r % 3);
+    encodeBinding(b->unwrap(), t, [buffer, seen] { seen->store(reinterpret_cast<int64_t*>(buffer->contents())[0]); });
+    b->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+    EXPECT_EQ(seen->load(), r + 1) << "round " << r;
+  }
 }
 
 // A tensor allocated on the default stream and used by a kernel on worker
