@@ -1,7 +1,6 @@
-// MPS tensors in the glue: a custom kernel binding them with
-// OperationUtils.h's mtl_setArgs, and aten::record_stream's MPS kernel
-// (RecordStream.mm) reached through the dispatcher as Tensor.record_stream
-// reaches it.
+// What ops use from OperationUtils.h (the kernel cache, mtl_setArgs binding
+// MPS tensors) and aten::record_stream's MPS kernel (RecordStream.mm),
+// reached through the dispatcher as Tensor.record_stream reaches it.
 
 #include "GlueTest.h"
 
@@ -12,9 +11,18 @@
 #include <c10/core/TensorImpl.h>
 #include <dispatch/dispatch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
+
+// A kernel object for the kernel cache (the simulated frameworks implement no
+// MPSKernel class).
+@interface GlueKernel : NSObject
+@end
+@implementation GlueKernel
+@end
 
 namespace {
 
@@ -74,6 +82,37 @@ TEST_F(GlueTest, KernelBindingATensorWithMtlSetArgsRunsAfterAnotherStreamsWrite)
     b->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
     EXPECT_EQ(seen->load(), r + 1) << "round " << r;
   }
+}
+
+// Ops on many threads asking MPSKernelCache for one key get one kernel,
+// created once, and the encode guard of that kernel lets one thread encode
+// it at a time (Note [MPS graph and kernel caches]).
+TEST_F(GlueTest, CachedKernelIsCreatedOnceAndItsEncodesNeverOverlap) {
+  using at::native::mps::MPSCachedKernel;
+  constexpr int kThreads = 12;
+  constexpr int kEncodes = 40;
+  std::atomic<int> created{0}, inside{0}, most_inside{0};
+  std::vector<NSObject*> kernels(kThreads);
+  glue::onThreads(kThreads, [&](int i) {
+    MPSCachedKernel* cached = at::native::mps::LookUpOrCreateCachedKernel<MPSCachedKernel>("glue_kernel", [&] {
+      created.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5)); // others ask meanwhile
+      return (MPSKernel*)[[GlueKernel alloc] init];
+    });
+    kernels[i] = cached->kernel<NSObject>();
+    for (int e = 0; e < kEncodes; ++e) {
+      auto guard = at::native::mps::MPSKernelCache::getInstance()->encodeGuard(kernels[i]);
+      const int now = inside.fetch_add(1) + 1;
+      int most = most_inside.load();
+      while (now > most && !most_inside.compare_exchange_weak(most, now)) {
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      inside.fetch_sub(1);
+    }
+  });
+  EXPECT_EQ(created.load(), 1);
+  EXPECT_EQ(std::count(kernels.begin(), kernels.end(), kernels[0]), kThreads);
+  EXPECT_EQ(most_inside.load(), 1);
 }
 
 // A tensor allocated on the default stream and used by a kernel on worker
