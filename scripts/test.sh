@@ -6,11 +6,12 @@
 # dev, tsan and asan variants; the BatchQueue tests
 # (Debian's CPU torch, system python); flake8 and bash lint; clang-format; no
 # copyright claims in added files; no added line naming a file outside
-# PyTorch or v2.9.1; the SPIN models; the differential compile check; the
-# patch-vs-overlay and series-vs-overlay checks; and, when the baseline cache
-# exists, the patch apply check and the check that the series applied in
-# order yields the cumulative patch's tree. The per-prefix compile check of
-# the series is separate (scripts/series.py compile).
+# PyTorch or v2.9.1; every cited Note defined; the SPIN models; the
+# differential compile check; the patch-vs-overlay and series-vs-overlay
+# checks; and, when the baseline cache exists, the patch apply check and the
+# check that the series applied in order yields the cumulative patch's tree.
+# The per-prefix compile check of the series is separate (scripts/series.py
+# compile).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.." || exit 1
@@ -91,9 +92,17 @@ new_files=$(git ls-files fork-overlay | grep -v '\.diff$')
 # Comments and messages the patch adds make sense in PyTorch's tree once it
 # lands: they name no file of this repository or of ../shared, and no release
 # they were compared against.
-! grep -nE '^\+.*(\b(reports|tests|fork-overlay|patches)/|METAL-SEMANTICS|v2\.9)' \
-  patches/cumulative-v2.9.1-to-mps-stream-pool.patch
+patch=patches/cumulative-v2.9.1-to-mps-stream-pool.patch
+! grep -nE '^\+.*(\b(reports|tests|fork-overlay|patches)/|METAL-SEMANTICS|v2\.9)' "$patch"
 record "no references to files outside PyTorch or to v2.9.1" $?
+# Every Note [...] an added line cites is one the patch defines (a comment
+# line holding only the Note's name), and no citation is split across lines,
+# where neither this check nor a reader's grep would find it.
+undefined=$(grep -E '^\+' "$patch" | grep -oE 'Note \[[^]]+\]' | sort -u | while read -r ref; do
+  grep -qxE "\+ *// ${ref//[/\\[}" "$patch" || echo "$ref"; done)
+[ -z "$undefined" ] || echo "cited but not defined: $undefined"
+! grep -nE '^\+.*\bNote( \[[^]]*)?$' "$patch" && [ -z "$undefined" ]
+record "every cited Note is defined" $?
 
 # Model checks (SPIN): the cross-stream dependency protocol and the
 # stream-slot leases.

@@ -132,9 +132,9 @@ struct AllocatorPoolOptions {
 // A snapshot of the allocator's counters. No update is lost under
 // concurrency, and a snapshot taken while no thread is inside the allocator
 // is exact; reserved_bytes and its peak are exact at every instant.
-// allocated_bytes is a sum of per-stream counters (see Note [MPS allocator
-// locking]), so it has no peak: torch.mps exposes none, and one shared counter
-// would cost every malloc and free a contended cache line.
+// allocated_bytes is a sum of per-stream counters, so it has no peak:
+// torch.mps exposes none, and one shared counter would cost every malloc and
+// free a contended cache line (see Note [MPS allocator locking]).
 struct AllocatorStats {
   int64_t reserved_bytes = 0; // device memory held in blocks, any state
   int64_t allocated_bytes = 0; // in blocks handed out and not yet freed
@@ -258,8 +258,8 @@ class CachingAllocatorCore {
   // caller) from `pool` for use on `stream`. Raises "MPS backend out of
   // memory" when the device has no memory left after every retry.
   void* malloc(int pool, size_t size, StreamIndex stream);
-  // Returns the block `key` to the allocator; see Note [MPS allocator
-  // cross-stream reuse].
+  // Returns the block `key` to the allocator;
+  // see Note [MPS allocator cross-stream reuse].
   void free(const void* key);
   // Records that work on `stream` uses the block `key`, so that free() waits
   // for it (CUDA's recordStream).

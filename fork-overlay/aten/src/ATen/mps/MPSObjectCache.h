@@ -29,10 +29,10 @@ namespace at::mps {
 // thread, so two layers of the encoding path may both guard one encode.
 //
 // Lock order: a graph's encode lock is taken before its stream's serial
-// section (runMPSGraph), a kernel's inside it, after any family lock (Note
-// [MPS Apple framework workarounds]). Under an encode lock only the stream's
-// own locks (serial section, command-buffer lifecycle, encoder gate) are
-// taken, never another encode lock or a family lock.
+// section (runMPSGraph), a kernel's inside it, after any family lock
+// (Note [MPS Apple framework workarounds]). Under an encode lock only the
+// stream's own locks (serial section, command-buffer lifecycle, encoder
+// gate) are taken, never another encode lock or a family lock.
 struct EncodeLock {
   Mutex mu;
   // Written only by the holder, so a relaxed load reads the caller's own id

@@ -22,9 +22,9 @@ namespace at::mps {
 //
 // The count is a recent-past estimate, not a lock: a stream that starts
 // encoding just after a read is not in it, so decisions that must not overlap
-// other encoding also need a lock (the family locks of Note [MPS Apple
-// framework workarounds]). The 1 s default window spans the host-side pauses
-// of a busy thread.
+// other encoding also need a lock (the family locks of
+// Note [MPS Apple framework workarounds]). The 1 s default window spans the
+// host-side pauses of a busy thread.
 class TORCH_API StreamActivity {
  public:
   using Clock = std::chrono::steady_clock;
