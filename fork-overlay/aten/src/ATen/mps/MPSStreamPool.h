@@ -100,13 +100,12 @@ struct StreamPoolOptions {
 TORCH_API bool isProcessMainThread();
 
 namespace detail {
-// The binding of the pool the calling thread used last
-// (Note [MPS current stream]); constant-initialized and trivially
-// destructible, so a read is a plain TLS load. MPSStreamPool.cpp writes
+// The binding of the pool the calling thread used last, constant-initialized
+// and trivially destructible, so a read is a plain TLS load. The .cpp writes
 // pool_id and current with stream = nullptr; StreamPool fills in the slot's
 // stream while both still match. A separate copy in a library that only
 // inlines the readers would stay empty and always take the checked slow
-// path, which is correct.
+// path, which is correct (Note [MPS current stream]).
 struct SlotCache {
   uint64_t pool_id;
   int current; // StreamIndex; -1: no binding
