@@ -124,6 +124,36 @@ class TORCH_API BufferUses {
   std::array<uint64_t, kStreamsPerPool> reads_ MPS_GUARDED_BY(mu_){};
 };
 
+namespace detail {
+// Per-thread direct-mapped cache of BufferUseTable lookups, tagged with the
+// table's id so that tables (tests make many) never see each other's
+// entries. Constant-initialized, so a lookup is a plain TLS access.
+struct TableCacheEntry {
+  uint64_t table;
+  const void* key;
+  BufferUses* uses;
+};
+// (table, key) == (table_id, k), as one expression: written with `&&`, clang
+// keeps the first compare's result in a register (sete, then test) on the
+// hook's fast path.
+inline bool sameTableAndKey(
+    uint64_t table,
+    const void* key,
+    uint64_t table_id,
+    const void* k) {
+  return ((table ^ table_id) |
+          (reinterpret_cast<uintptr_t>(key) ^
+           reinterpret_cast<uintptr_t>(k))) == 0;
+}
+constexpr size_t kTableCacheSize = 64;
+inline thread_local std::array<TableCacheEntry, kTableCacheSize>
+    tls_table_cache{};
+inline size_t hashBufferKey(const void* key) {
+  const auto k = reinterpret_cast<uintptr_t>(key);
+  return static_cast<size_t>((k >> 4) ^ (k >> 12));
+}
+} // namespace detail
+
 // What the tracker needs from a stream.
 class DependencyStream {
  public:
@@ -179,38 +209,8 @@ class DependencyStream {
   // the serial section, so an entry is one atomic pointer to a record naming
   // its table and key, read before it can be checked: a table (PyTorch's is
   // leaked) must outlive the hooks of the streams that used it.
-  std::array<std::atomic<BufferUses*>, 64> hook_cache_{};
+  std::array<std::atomic<BufferUses*>, detail::kTableCacheSize> hook_cache_{};
 };
-
-namespace detail {
-// Per-thread direct-mapped cache of BufferUseTable lookups, tagged with the
-// table's id so that tables (tests make many) never see each other's
-// entries. Constant-initialized, so a lookup is a plain TLS access.
-struct TableCacheEntry {
-  uint64_t table;
-  const void* key;
-  BufferUses* uses;
-};
-// (table, key) == (table_id, k), as one expression: written with `&&`, clang
-// keeps the first compare's result in a register (sete, then test) on the
-// hook's fast path.
-inline bool sameTableAndKey(
-    uint64_t table,
-    const void* key,
-    uint64_t table_id,
-    const void* k) {
-  return ((table ^ table_id) |
-          (reinterpret_cast<uintptr_t>(key) ^
-           reinterpret_cast<uintptr_t>(k))) == 0;
-}
-constexpr size_t kTableCacheSize = 64;
-inline thread_local std::array<TableCacheEntry, kTableCacheSize>
-    tls_table_cache{};
-inline size_t hashBufferKey(const void* key) {
-  const auto k = reinterpret_cast<uintptr_t>(key);
-  return static_cast<size_t>((k >> 4) ^ (k >> 12));
-}
-} // namespace detail
 
 // Note [MPS buffer use table]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
