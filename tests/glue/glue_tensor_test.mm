@@ -41,10 +41,6 @@ at::Tensor mpsTensor(int64_t elements) {
   return t;
 }
 
-id<MTLBuffer> bufferOf(const at::Tensor& t) {
-  return (__bridge id<MTLBuffer>)t.storage().data();
-}
-
 // A custom-kernel op on stream `s`, as ops encode one: in the stream's serial
 // section, its compute encoder, the tensor bound with mtl_setArgs (whose
 // getMTLBufferStorage() records the use with the dependency tracker), one
@@ -71,7 +67,7 @@ TEST_F(GlueTest, KernelBindingATensorWithMtlSetArgsRunsAfterAnotherStreamsWrite)
   constexpr int kRounds = 20;
   for (int r = 0; r < kRounds; ++r) {
     at::Tensor t = mpsTensor(64);
-    sim::BufferPtr buffer = sim::metal::bufferOf(bufferOf(t));
+    sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(t.storage().data_ptr()));
     auto seen = std::make_shared<std::atomic<int64_t>>(-1);
     encodeBinding(at::mps::getMPSStream(2 + r % 3)->unwrap(), t, [buffer, r] {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -127,8 +123,9 @@ TEST_F(GlueTest, TensorRecordStreamKeepsTheBlockFromReuseUntilTheUseCompleted) {
     const c10::Stream b = at::mps::getMPSStream(2 + r % 6)->unwrap();
     {
       c10::StreamGuard g(b);
-      sim::BufferPtr buffer = sim::metal::bufferOf(bufferOf(t));
-      glue::encodeKernel({bufferOf(t)}, [buffer] { std::this_thread::sleep_for(std::chrono::microseconds(500)); });
+      sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(t.storage().data_ptr()));
+      glue::encodeKernel({glue::bufferOf(t.storage().data_ptr())},
+                         [buffer] { std::this_thread::sleep_for(std::chrono::microseconds(500)); });
       at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
     }
     t.record_stream(b);
