@@ -5,6 +5,7 @@
 // OperationUtils does them (dispatch_sync onto the stream's queue, the
 // compute encoder of the stream, getMTLBufferStorage's dependency hook).
 
+#include <ATen/core/Tensor.h>
 #include <ATen/mps/MPSStream.h>
 #include <c10/core/Allocator.h>
 
@@ -40,6 +41,10 @@ inline id<MTLBuffer> bufferOf(const c10::DataPtr& data) {
 // An allocation from the MPS allocator for the calling thread's current
 // stream, checked by the hazard detector as it is handed out.
 c10::DataPtr allocated(size_t bytes);
+
+// A contiguous int64 MPS tensor over the MPS allocator, made without an ATen
+// op: the Linux wheel registers no MPS kernel but the ones this build links in.
+at::Tensor mpsTensor(int64_t elements);
 
 // The contents of `buffer` as int64 words. Read only after the work that
 // writes them completed.

@@ -1,6 +1,7 @@
 #include "GlueTest.h"
 
 #include <ATen/mps/MPSAllocatorInterface.h>
+#include <c10/core/TensorImpl.h>
 #include <dispatch/dispatch.h>
 
 #include <cstring>
@@ -26,6 +27,15 @@ c10::DataPtr allocated(size_t bytes) {
   id<MTLCommandQueue> queue = at::mps::getCurrentMPSStream()->commandQueue();
   sim::metal::device().hazards().checkHandout(*sim::metal::bufferOf(bufferOf(data)), &sim::metal::queueOf(queue));
   return data;
+}
+
+at::Tensor mpsTensor(int64_t elements) {
+  c10::Storage storage(
+      c10::Storage::use_byte_size_t(), elements * sizeof(int64_t), at::mps::getIMPSAllocator(), /*resizable=*/false);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::MPS), caffe2::TypeMeta::Make<int64_t>());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({elements});
+  return t;
 }
 
 int64_t* words(id<MTLBuffer> buffer) {

@@ -1,14 +1,13 @@
-// What ops use from OperationUtils.h (the kernel cache, mtl_setArgs binding
-// MPS tensors) and aten::record_stream's MPS kernel (RecordStream.mm),
-// reached through the dispatcher as Tensor.record_stream reaches it.
+// What ops use from OperationUtils (mtl_setArgs binding MPS tensors, the
+// graph path, the kernel cache) and aten::record_stream's MPS kernel
+// (RecordStream.mm), reached through the dispatcher as Tensor.record_stream
+// reaches it.
 
 #include "GlueTest.h"
 
 #include <ATen/core/Tensor.h>
-#include <ATen/mps/MPSAllocatorInterface.h>
 #include <ATen/native/mps/OperationUtils.h>
 #include <c10/core/StreamGuard.h>
-#include <c10/core/TensorImpl.h>
 #include <dispatch/dispatch.h>
 
 #include <algorithm>
@@ -27,19 +26,6 @@
 namespace {
 
 using glue::GlueTest;
-
-// An int64 MPS tensor over the MPS allocator, made without an ATen op: the
-// Linux wheel registers no MPS kernel but the ones this build links in.
-at::Tensor mpsTensor(int64_t elements) {
-  c10::Storage storage(c10::Storage::use_byte_size_t(),
-                       elements * sizeof(int64_t),
-                       at::mps::getIMPSAllocator(),
-                       /*resizable=*/false);
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::MPS), caffe2::TypeMeta::Make<int64_t>());
-  t.unsafeGetTensorImpl()->set_sizes_contiguous({elements});
-  return t;
-}
 
 // A custom-kernel op on stream `s`, as ops encode one: in the stream's serial
 // section, its compute encoder, the tensor bound with mtl_setArgs (whose
@@ -66,7 +52,7 @@ void encodeBinding(const c10::Stream& s, const at::Tensor& t, std::function<void
 TEST_F(GlueTest, KernelBindingATensorWithMtlSetArgsRunsAfterAnotherStreamsWrite) {
   constexpr int kRounds = 20;
   for (int r = 0; r < kRounds; ++r) {
-    at::Tensor t = mpsTensor(64);
+    at::Tensor t = glue::mpsTensor(64);
     sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(t.storage().data_ptr()));
     auto seen = std::make_shared<std::atomic<int64_t>>(-1);
     encodeBinding(at::mps::getMPSStream(2 + r % 3)->unwrap(), t, [buffer, r] {
@@ -78,6 +64,77 @@ TEST_F(GlueTest, KernelBindingATensorWithMtlSetArgsRunsAfterAnotherStreamsWrite)
     b->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
     EXPECT_EQ(seen->load(), r + 1) << "round " << r;
   }
+}
+
+// The MPSGraph path of an op through OperationUtils: the graph cache,
+// Placeholder and runMPSGraph. The stand-in graph copies its feed into its
+// result.
+at::native::mps::MPSUnaryCachedGraph* copyGraph(const at::Tensor& x, const at::Tensor& y) {
+  using namespace at::native::mps;
+  return LookUpOrCreateCachedGraph<MPSUnaryCachedGraph>("glue_copy:" + getTensorsStringKey({x, y}),
+                                                        [&](MPSGraph* graph, MPSUnaryCachedGraph* cached) {
+                                                          cached->inputTensor_ = mpsGraphRankedPlaceHolder(graph, x);
+                                                          cached->outputTensor_ = mpsGraphRankedPlaceHolder(graph, y);
+                                                        });
+}
+
+void runCopyGraph(const at::Tensor& x, const at::Tensor& y) {
+  using namespace at::native::mps;
+  @autoreleasepool {
+    MPSUnaryCachedGraph* cached = copyGraph(x, y);
+    Placeholder in(cached->inputTensor_, x);
+    Placeholder out(cached->outputTensor_, y);
+    runMPSGraph(at::mps::getCurrentMPSStream(),
+                cached->graph(),
+                dictionaryFromPlaceholders(in),
+                dictionaryFromPlaceholders(out));
+  }
+}
+
+// A graph on stream B fed a tensor that stream A's kernel is still writing
+// runs after it, with no event: Placeholder notes the tensor's buffer for
+// the feed, and the stream orders the graph after A's write.
+TEST_F(GlueTest, GraphFedATensorThroughPlaceholderRunsAfterAnotherStreamsWrite) {
+  constexpr int kRounds = 20;
+  for (int r = 0; r < kRounds; ++r) {
+    at::Tensor x = glue::mpsTensor(64);
+    at::Tensor y = glue::mpsTensor(64);
+    sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(x.storage().data_ptr()));
+    encodeBinding(at::mps::getMPSStream(2 + r % 3)->unwrap(), x, [buffer, r] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      reinterpret_cast<int64_t*>(buffer->contents())[0] = r + 1;
+    });
+    at::mps::MPSStream* b = at::mps::getMPSStream(5 + r % 3);
+    {
+      c10::StreamGuard guard(b->unwrap());
+      runCopyGraph(x, y);
+    }
+    b->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+    EXPECT_EQ(glue::words(glue::bufferOf(y.storage().data_ptr()))[0], r + 1) << "round " << r;
+  }
+}
+
+// Threads with streams of their own running one cached graph are built one
+// graph and encode it one at a time (runMPSGraph's encode guard; the
+// simulated MPSGraph aborts on overlapping encodes of one graph), each
+// getting its own result.
+TEST_F(GlueTest, OneCachedGraphRunsOnManyThreadsOneEncodeAtATime) {
+  constexpr int kThreads = 8;
+  constexpr int kRuns = 10;
+  glue::onThreads(kThreads, [](int t) {
+    at::Tensor x = glue::mpsTensor(16);
+    at::Tensor y = glue::mpsTensor(16);
+    sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(x.storage().data_ptr()));
+    for (int r = 0; r < kRuns; ++r) {
+      encodeBinding(at::mps::getCurrentMPSStream()->unwrap(), x, [buffer, t, r] {
+        reinterpret_cast<int64_t*>(buffer->contents())[0] = t * 1000 + r;
+      });
+      runCopyGraph(x, y);
+      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+      EXPECT_EQ(glue::words(glue::bufferOf(y.storage().data_ptr()))[0], t * 1000 + r);
+    }
+  });
+  EXPECT_EQ(copyGraph(glue::mpsTensor(16), glue::mpsTensor(16)), copyGraph(glue::mpsTensor(16), glue::mpsTensor(16)));
 }
 
 // Ops on many threads asking MPSKernelCache for one key get one kernel,
@@ -119,7 +176,7 @@ TEST_F(GlueTest, CachedKernelIsCreatedOnceAndItsEncodesNeverOverlap) {
 TEST_F(GlueTest, TensorRecordStreamKeepsTheBlockFromReuseUntilTheUseCompleted) {
   constexpr int kRounds = 40;
   for (int r = 0; r < kRounds; ++r) {
-    at::Tensor t = mpsTensor(512);
+    at::Tensor t = glue::mpsTensor(512);
     const c10::Stream b = at::mps::getMPSStream(2 + r % 6)->unwrap();
     {
       c10::StreamGuard g(b);
@@ -139,7 +196,7 @@ TEST_F(GlueTest, TensorRecordStreamKeepsTheBlockFromReuseUntilTheUseCompleted) {
 TEST_F(GlueTest, TensorRecordStreamOnAStreamOfAnotherDeviceTypeIsAnErrorNamingIt) {
   const c10::Stream cpu(c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CPU));
   for (int64_t elements : {8, 0}) {
-    at::Tensor t = mpsTensor(elements);
+    at::Tensor t = glue::mpsTensor(elements);
     try {
       t.record_stream(cpu);
       ADD_FAILURE() << "record_stream accepted a CPU stream for an MPS tensor of " << elements << " elements";

@@ -4,7 +4,8 @@
 // encoded in its own compute encoder pass as MPSGraph encodes. With
 // enableCommitAndContinue set, it then commits and continues the command
 // buffer, which MPSGraph may do for large graphs; here it always does, the
-// case the stream's command-buffer bookkeeping finds hardest.
+// case the stream's command-buffer bookkeeping finds hardest. Two threads
+// encoding one graph at once abort (GraphState).
 
 #include "SimMetalRuntime.h"
 #include "SimObjC.h"
@@ -12,7 +13,12 @@
 #include <MetalPerformanceShadersGraph/MetalPerformanceShadersGraph.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 using sim::objc::state;
@@ -20,6 +26,24 @@ using sim::objc::state;
 namespace {
 
 struct Stateless {};
+
+// Concurrent encoding of one MPSGraph is undocumented, so the simulator
+// treats it as the race it may be: a second thread entering an encode of a
+// graph another thread is encoding aborts. Each encode lasts a while, so
+// that overlaps are not missed.
+//
+// A graph owns the tensors it makes, as MPSGraph does: cached graphs keep
+// their placeholders past the autorelease pool they were made in.
+struct GraphState {
+  std::atomic<int> encoders{0};
+  std::vector<MPSGraphTensor*> tensors;
+  ~GraphState() {
+    for (MPSGraphTensor* t : tensors) {
+      [t release];
+    }
+  }
+};
+constexpr std::chrono::microseconds kGraphEncodeTime{30};
 
 struct TensorState {
   MPSShape* shape = nil;
@@ -138,19 +162,26 @@ SIM_OBJC_RETAIN_COUNT(ExecutionDescriptorState)
 @end
 
 @implementation MPSGraph
-SIM_OBJC_STATE(Stateless)
-SIM_OBJC_RETAIN_COUNT(Stateless)
+SIM_OBJC_STATE(GraphState)
+SIM_OBJC_RETAIN_COUNT(GraphState)
 - (MPSGraphTensor*)placeholderWithShape:(MPSShape*)shape dataType:(MPSDataType)dataType name:(NSString*)name {
   MPSGraphTensor* tensor = [MPSGraphTensor alloc];
   state<TensorState>(tensor).shape = [shape copy];
   state<TensorState>(tensor).data_type = dataType;
-  return [tensor autorelease];
+  state<GraphState>(self).tensors.push_back(tensor);
+  return tensor;
 }
 - (void)encodeToCommandBuffer:(MPSCommandBuffer*)commandBuffer
                         feeds:(MPSGraphTensorDataDictionary*)feeds
              targetOperations:(NSArray<MPSGraphOperation*>*)targetOperations
             resultsDictionary:(MPSGraphTensorDataDictionary*)resultsDictionary
           executionDescriptor:(MPSGraphExecutionDescriptor*)executionDescriptor {
+  std::atomic<int>& encoders = state<GraphState>(self).encoders;
+  if (encoders.fetch_add(1) != 0) {
+    std::fprintf(stderr, "simulated MPSGraph: two threads encode one MPSGraph at once\n");
+    std::abort();
+  }
+  std::this_thread::sleep_for(kGraphEncodeTime);
   const std::vector<sim::BufferPtr> inputs = buffersOf(feeds);
   const std::vector<sim::BufferPtr> outputs = buffersOf(resultsDictionary);
   sim::Kernel kernel;
@@ -175,5 +206,24 @@ SIM_OBJC_RETAIN_COUNT(Stateless)
   if (executionDescriptor.enableCommitAndContinue) {
     [commandBuffer commitAndContinue];
   }
+  encoders.fetch_sub(1);
 }
 @end
+
+// For the link only: Placeholder wraps a strided view in an MPSNDArray
+// (macOS 15's strided API), and the glue tests bind contiguous tensors, so no
+// method of these classes is implemented and any call fails as an
+// unrecognised selector. MPSNDArrayIdentity brings its superclasses.
+#define SIM_LINK_ONLY_CLASS(name)  \
+  @implementation name             \
+  SIM_OBJC_STATE(Stateless)        \
+  SIM_OBJC_RETAIN_COUNT(Stateless) \
+  @end
+SIM_LINK_ONLY_CLASS(MPSNDArrayDescriptor)
+SIM_LINK_ONLY_CLASS(MPSNDArray)
+SIM_LINK_ONLY_CLASS(MPSKernel)
+SIM_LINK_ONLY_CLASS(MPSNDArrayMultiaryBase)
+SIM_LINK_ONLY_CLASS(MPSNDArrayMultiaryKernel)
+SIM_LINK_ONLY_CLASS(MPSNDArrayUnaryKernel)
+SIM_LINK_ONLY_CLASS(MPSNDArrayIdentity)
+#undef SIM_LINK_ONLY_CLASS

@@ -9,13 +9,17 @@
 #include <Metal/Metal.h>
 #include <MetalPerformanceShaders/MetalPerformanceShaders.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -49,6 +53,10 @@ RuntimeConfig startedConfig() {
   std::fprintf(stderr, "simulated Metal: %s\n", what.c_str());
   std::abort();
 }
+
+// How long newLibraryWithSource: compiles, so that threads asking for one
+// library at once overlap.
+constexpr std::chrono::milliseconds kCompileTime{2};
 
 // The size a buffer takes in a heap.
 constexpr NSUInteger kBufferAlignment = 256;
@@ -126,6 +134,7 @@ struct ComputeEncoderState {
   id<MTLDevice> device = nil;
   std::map<NSUInteger, id<MTLBuffer>> bound; // retained while bound
   std::function<void()> next_body; // set by dispatchKernel()
+  std::string function; // of the pipeline state set last
   void unbindAll() {
     for (auto& [index, buffer] : bound) {
       [buffer release];
@@ -141,6 +150,42 @@ struct BlitEncoderState {
   EncoderPtr encoder;
   id<MTLDevice> device = nil;
 };
+
+// The shader compiler's objects. Every library, function and pipeline state
+// belongs to the process-lifetime device, so none retains it.
+struct CompileOptionsState {
+  MTLLanguageVersion language = MTLLanguageVersion3_0;
+  MTLMathMode math_mode = MTLMathModeSafe;
+  MTLMathFloatingPointFunctions math_functions = MTLMathFloatingPointFunctionsPrecise;
+  BOOL fast_math = NO;
+};
+
+struct LibraryState {
+  id<MTLDevice> device = nil;
+  std::vector<std::string> functions;
+};
+
+struct FunctionState {
+  id<MTLDevice> device = nil;
+  std::string name;
+};
+
+struct PipelineState {
+  id<MTLDevice> device = nil;
+  std::string function;
+};
+
+struct Compiler {
+  Mutex mu;
+  std::map<std::string, KernelBody> kernels MPS_GUARDED_BY(mu);
+  std::atomic<int> libraries{0};
+  std::atomic<int> pipelines{0};
+};
+
+Compiler& compiler() {
+  static Compiler* c = new Compiler(); // leaked with the device
+  return *c;
+}
 
 struct HeapDescriptorState {
   NSUInteger size = 0;
@@ -358,14 +403,32 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
   [slot release];
   slot = buffer;
 }
+- (void)setComputePipelineState:(id<MTLComputePipelineState>)pipeline {
+  state<ComputeEncoderState>(self).function = state<PipelineState>(pipeline).function;
+}
+// Constant arguments are not buffers: the hazard detector has nothing to see.
+- (void)setBytes:(const void*)bytes length:(NSUInteger)length atIndex:(NSUInteger)index {
+}
+// The body is dispatchKernel()'s, else the one defineKernel() gave the
+// pipeline's function, else none.
 - (void)dispatchKernel {
   auto& s = state<ComputeEncoderState>(self);
   Kernel kernel;
+  std::vector<BufferPtr> buffers;
   for (auto& [index, buffer] : s.bound) {
-    kernel.uses.emplace_back(bufferOf(buffer), Access::kWrite);
+    buffers.push_back(bufferOf(buffer));
+    kernel.uses.emplace_back(buffers.back(), Access::kWrite);
   }
   kernel.body = std::move(s.next_body);
   s.next_body = nullptr;
+  if (!kernel.body && !s.function.empty()) {
+    Compiler& c = compiler();
+    MutexLock lock(c.mu);
+    auto defined = c.kernels.find(s.function);
+    if (defined != c.kernels.end()) {
+      kernel.body = [body = defined->second, buffers] { body(buffers); };
+    }
+  }
   s.encoder->dispatch(std::move(kernel));
 }
 - (void)dispatchThreads:(MTLSize)threadsPerGrid threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup {
@@ -522,6 +585,107 @@ SIM_OBJC_RETAIN_COUNT(QueueState)
 }
 @end
 
+// ---------------------------------------------------------------- shader compiler
+
+NSErrorDomain const MTLLibraryErrorDomain = @"MTLLibraryErrorDomain";
+
+@implementation MTLCompileOptions
+SIM_OBJC_STATE(CompileOptionsState)
+SIM_OBJC_RETAIN_COUNT(CompileOptionsState)
+- (id)copyWithZone:(NSZone*)zone {
+  MTLCompileOptions* copy = [[MTLCompileOptions allocWithZone:zone] init];
+  state<CompileOptionsState>(copy) = state<CompileOptionsState>(self);
+  return copy;
+}
+- (MTLLanguageVersion)languageVersion {
+  return state<CompileOptionsState>(self).language;
+}
+- (void)setLanguageVersion:(MTLLanguageVersion)version {
+  state<CompileOptionsState>(self).language = version;
+}
+- (MTLMathMode)mathMode {
+  return state<CompileOptionsState>(self).math_mode;
+}
+- (void)setMathMode:(MTLMathMode)mode {
+  state<CompileOptionsState>(self).math_mode = mode;
+}
+- (MTLMathFloatingPointFunctions)mathFloatingPointFunctions {
+  return state<CompileOptionsState>(self).math_functions;
+}
+- (void)setMathFloatingPointFunctions:(MTLMathFloatingPointFunctions)functions {
+  state<CompileOptionsState>(self).math_functions = functions;
+}
+- (BOOL)fastMathEnabled {
+  return state<CompileOptionsState>(self).fast_math;
+}
+- (void)setFastMathEnabled:(BOOL)enabled {
+  state<CompileOptionsState>(self).fast_math = enabled;
+}
+@end
+
+@interface SimMTLFunction : NSObject<MTLFunction>
+@end
+
+@implementation SimMTLFunction
+SIM_OBJC_STATE(FunctionState)
+SIM_OBJC_RETAIN_COUNT(FunctionState)
+- (id<MTLDevice>)device {
+  return state<FunctionState>(self).device;
+}
+- (NSString*)name {
+  return [NSString stringWithUTF8String:state<FunctionState>(self).name.c_str()];
+}
+@end
+
+@interface SimMTLLibrary : NSObject<MTLLibrary>
+@end
+
+@implementation SimMTLLibrary
+SIM_OBJC_STATE(LibraryState)
+SIM_OBJC_RETAIN_COUNT(LibraryState)
+- (id<MTLDevice>)device {
+  return state<LibraryState>(self).device;
+}
+- (NSArray<NSString*>*)functionNames {
+  NSMutableArray<NSString*>* names = [NSMutableArray array];
+  for (const std::string& name : state<LibraryState>(self).functions) {
+    [names addObject:[NSString stringWithUTF8String:name.c_str()]];
+  }
+  return names;
+}
+- (id<MTLFunction>)newFunctionWithName:(NSString*)name {
+  const auto& s = state<LibraryState>(self);
+  const std::string wanted = [name UTF8String];
+  if (std::find(s.functions.begin(), s.functions.end(), wanted) == s.functions.end()) {
+    return nil;
+  }
+  SimMTLFunction* function = [SimMTLFunction alloc];
+  state<FunctionState>(function).device = s.device;
+  state<FunctionState>(function).name = wanted;
+  return function;
+}
+@end
+
+@interface SimMTLComputePipelineState : NSObject<MTLComputePipelineState>
+@end
+
+@implementation SimMTLComputePipelineState
+SIM_OBJC_STATE(PipelineState)
+SIM_OBJC_RETAIN_COUNT(PipelineState)
+- (id<MTLDevice>)device {
+  return state<PipelineState>(self).device;
+}
+- (NSUInteger)maxTotalThreadsPerThreadgroup {
+  return 1024;
+}
+- (NSUInteger)threadExecutionWidth {
+  return 32;
+}
+- (NSUInteger)staticThreadgroupMemoryLength {
+  return 0;
+}
+@end
+
 @interface SimMTLDevice : NSObject<MTLDevice>
 @end
 
@@ -578,6 +742,37 @@ SIM_OBJC_RETAIN_COUNT(DeviceState)
   state<SharedEventState>(event).event = device().newSharedEvent();
   state<SharedEventState>(event).device = self;
   return event;
+}
+// The shader compiler of SimMetalRuntime.h.
+- (id<MTLLibrary>)newLibraryWithSource:(NSString*)source options:(MTLCompileOptions*)options error:(NSError**)error {
+  compiler().libraries.fetch_add(1);
+  std::this_thread::sleep_for(kCompileTime);
+  const std::string text = [source UTF8String];
+  std::smatch m;
+  if (std::regex_search(text, m, std::regex("#error ([^\n]*)"))) {
+    if (error != nullptr) {
+      NSString* message = [NSString stringWithUTF8String:m[1].str().c_str()];
+      *error = [NSError errorWithDomain:MTLLibraryErrorDomain
+                                   code:MTLLibraryErrorCompileFailure
+                               userInfo:[NSDictionary dictionaryWithObject:message forKey:NSLocalizedDescriptionKey]];
+    }
+    return nil;
+  }
+  SimMTLLibrary* library = [SimMTLLibrary alloc];
+  auto& s = state<LibraryState>(library);
+  s.device = self;
+  const std::regex kernel("kernel\\s+void\\s+(\\w+)\\s*\\(");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kernel); it != std::sregex_iterator(); ++it) {
+    s.functions.push_back((*it)[1].str());
+  }
+  return library;
+}
+- (id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)function error:(NSError**)error {
+  compiler().pipelines.fetch_add(1);
+  SimMTLComputePipelineState* pipeline = [SimMTLComputePipelineState alloc];
+  state<PipelineState>(pipeline).device = self;
+  state<PipelineState>(pipeline).function = state<FunctionState>(function).name;
+  return pipeline;
 }
 @end
 
@@ -655,6 +850,16 @@ void dispatchKernel(id<MTLComputeCommandEncoder> encoder,
   }
   state<ComputeEncoderState>(encoder).next_body = std::move(body);
   [encoder dispatchThreads:MTLSizeMake(1, 1, 1) threadsPerThreadgroup:MTLSizeMake(1, 1, 1)];
+}
+
+void defineKernel(const std::string& function, KernelBody body) {
+  Compiler& c = compiler();
+  MutexLock lock(c.mu);
+  c.kernels[function] = std::move(body);
+}
+
+CompilerCounts compilerCounts() {
+  return {compiler().libraries.load(), compiler().pipelines.load()};
 }
 
 } // namespace sim::metal

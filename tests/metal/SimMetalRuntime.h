@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #ifdef __OBJC__
@@ -50,5 +51,21 @@ void dispatchKernel(
     const std::vector<id<MTLBuffer>>& buffers,
     std::function<void()> body);
 #endif
+
+// The shader compiler. newLibraryWithSource: takes a while (so that threads
+// asking for one library at once overlap), declares a function for each
+// `kernel void NAME(` of the source, and fails with
+// MTLLibraryErrorCompileFailure and MESSAGE for a source with a line
+// `#error MESSAGE`. A dispatch with the pipeline state of function NAME runs
+// the body defined for NAME, with the buffers bound in index order.
+using KernelBody = std::function<void(const std::vector<BufferPtr>& buffers)>;
+void defineKernel(const std::string& function, KernelBody body);
+// Calls of newLibraryWithSource: and newComputePipelineStateWithFunction:
+// so far in this process.
+struct CompilerCounts {
+  int libraries;
+  int pipelines;
+};
+CompilerCounts compilerCounts();
 
 } // namespace sim::metal

@@ -1,0 +1,141 @@
+// MetalShaderLibrary and MetalKernelFunction (OperationUtils.mm) from many
+// threads: the shader libraries and pipeline states that ops share, and the
+// path of torch.mps.compile_shader's kernels. The simulated compiler
+// (SimMetalRuntime.h) counts its compiles and runs the bodies defineKernel()
+// gives.
+
+#include "GlueTest.h"
+
+#include <ATen/detail/MPSHooksInterface.h>
+#include <ATen/native/mps/MetalShaderLibrary.h>
+#include <ATen/native/mps/OperationUtils.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using at::native::mps::MetalShaderLibrary;
+using glue::GlueTest;
+
+// A new library that lives as long as the process, as the ops' static ones
+// do (a library never releases the libraries it compiled). Made in an
+// autorelease pool: a DynamicMetalShaderLibrary compiles in its constructor.
+template <typename Library, typename... Args>
+Library& processLifetime(Args&&... args) {
+  static auto* libraries = new std::vector<std::unique_ptr<MetalShaderLibrary>>();
+  @autoreleasepool {
+    libraries->push_back(std::make_unique<Library>(std::forward<Args>(args)...));
+  }
+  return static_cast<Library&>(*libraries->back());
+}
+
+// Ops on many threads asking one library for its pipeline states get one
+// compile of the library and one pipeline state per function, each the same
+// object for every thread; a parametrized library compiles once per
+// parameter list (Note [MPS create-once cache]).
+TEST_F(GlueTest, ShaderLibraryCompilesOnceAndBuildsEachPipelineOnceForManyThreads) {
+  auto& plain = processLifetime<MetalShaderLibrary>(
+      "kernel void glue_add_one(device long* data) {}\nkernel void glue_copy(device long* a, device long* b) {}\n");
+  auto& templated = processLifetime<MetalShaderLibrary>("kernel void glue_fill_{}(device long* data) {{}}\n", 1u);
+  constexpr int kThreads = 12;
+  const std::vector<std::string> functions = {"glue_add_one", "glue_copy"};
+  std::vector<std::vector<id<MTLComputePipelineState>>> plain_seen(kThreads), templated_seen(kThreads);
+  const sim::metal::CompilerCounts before = sim::metal::compilerCounts();
+  glue::onThreads(kThreads, [&](int t) {
+    @autoreleasepool {
+      for (int round = 0; round < 3; ++round) {
+        plain_seen[t].push_back(plain.getPipelineStateForFunc(functions[(t + round) % 2]));
+        const std::string variant = (t + round) % 2 ? "a" : "b";
+        templated_seen[t].push_back(templated.getPipelineStateForFunc("glue_fill_" + variant, {variant}));
+      }
+    }
+  });
+  const sim::metal::CompilerCounts after = sim::metal::compilerCounts();
+  EXPECT_EQ(after.libraries - before.libraries, 1 + 2);
+  EXPECT_EQ(after.pipelines - before.pipelines, 2 + 2);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int round = 0; round < 3; ++round) {
+      const int which = (t + round) % 2;
+      EXPECT_EQ(plain_seen[t][round], plain_seen[which][0]) << "thread " << t << " round " << round;
+      EXPECT_EQ(templated_seen[t][round], templated_seen[which][0]) << "thread " << t << " round " << round;
+    }
+  }
+  EXPECT_NE(plain_seen[0][0], plain_seen[1][0]);
+  EXPECT_NE(templated_seen[0][0], templated_seen[1][0]);
+}
+
+// A shader that does not compile raises Metal's message as c10::SyntaxError
+// to every caller, including those that waited for another thread's compile,
+// and nothing is cached: each request compiles again.
+TEST_F(GlueTest, ShaderCompileErrorReachesEveryCallerAndIsNotCached) {
+  auto& broken = processLifetime<MetalShaderLibrary>("#error glue: no such type 'flaot'\nkernel void glue_k() {}\n");
+  constexpr int kThreads = 8;
+  std::atomic<int> syntax_errors{0};
+  const sim::metal::CompilerCounts before = sim::metal::compilerCounts();
+  glue::onThreads(kThreads, [&](int) {
+    @autoreleasepool {
+      try {
+        broken.getPipelineStateForFunc("glue_k");
+        ADD_FAILURE() << "a library that does not compile returned a pipeline state";
+      } catch (const c10::SyntaxError& e) {
+        EXPECT_NE(std::string(e.what()).find("no such type 'flaot'"), std::string::npos) << e.what();
+        syntax_errors.fetch_add(1);
+      }
+    }
+  });
+  EXPECT_EQ(syntax_errors.load(), kThreads);
+  EXPECT_EQ(sim::metal::compilerCounts().libraries - before.libraries, kThreads);
+  @autoreleasepool {
+    EXPECT_THROW(broken.getPipelineStateForFunc("glue_k"), c10::SyntaxError);
+  }
+  EXPECT_EQ(sim::metal::compilerCounts().libraries - before.libraries, kThreads + 1);
+}
+
+// torch.mps.compile_shader's kernels (DynamicMetalShaderLibrary,
+// MetalKernelFunction) on threads with streams of their own, all
+// incrementing one tensor with no event: setArg's binding orders each
+// increment after the others' (Note [MPS cross-stream dependencies]), so none
+// is lost and no two overlap on the GPU.
+TEST_F(GlueTest, CompiledShaderKernelsOnManyStreamsOrderTheirWritesToOneTensor) {
+  sim::metal::defineKernel("glue_add_one", [](const std::vector<sim::BufferPtr>& buffers) {
+    int64_t* value = reinterpret_cast<int64_t*>(buffers.at(0)->contents());
+    const int64_t read = *value;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    *value = read + 1;
+  });
+  auto& library = processLifetime<at::native::mps::DynamicMetalShaderLibrary>(
+      "kernel void glue_add_one(device long* data, uint index [[thread_position_in_grid]]) {}\n");
+  at::Tensor counter = glue::mpsTensor(1);
+  glue::encodeKernel({glue::bufferOf(counter.storage().data_ptr())},
+                     [b = sim::metal::bufferOf(glue::bufferOf(counter.storage().data_ptr()))] {
+                       reinterpret_cast<int64_t*>(b->contents())[0] = 0;
+                     });
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
+  constexpr int kThreads = 8;
+  constexpr int kIncrements = 25;
+  glue::onThreads(kThreads, [&](int) {
+    std::shared_ptr<at::native::mps::MetalKernelFunction> kernel;
+    @autoreleasepool {
+      kernel = library.getKernelFunction("glue_add_one");
+    }
+    for (int i = 0; i < kIncrements; ++i) {
+      kernel->runCommandBlock([&] {
+        kernel->startEncoding();
+        kernel->setArg(0, counter);
+        kernel->dispatch(1);
+      });
+      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
+    }
+  });
+  at::detail::getMPSHooks().deviceSynchronize();
+  EXPECT_EQ(glue::words(glue::bufferOf(counter.storage().data_ptr()))[0], kThreads * kIncrements);
+}
+
+} // namespace
