@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -69,6 +70,12 @@ TEST_F(GlueTest, ShaderLibraryCompilesOnceAndBuildsEachPipelineOnceForManyThread
   }
   EXPECT_NE(plain_seen[0][0], plain_seen[1][0]);
   EXPECT_NE(templated_seen[0][0], templated_seen[1][0]);
+  @autoreleasepool {
+    EXPECT_EQ(plain.getFunctionNames(), functions);
+    // A parametrized library has no one list of functions, whichever
+    // variants compiled.
+    EXPECT_THROW(templated.getFunctionNames(), std::runtime_error);
+  }
 }
 
 // A shader that does not compile raises Metal's message as c10::SyntaxError
