@@ -202,6 +202,57 @@ TEST_F(DependencyTest, InPassCycleIsReportedInsteadOfHanging) {
   EXPECT_GE(cycle_errors.load(), 1);
 }
 
+// In-place ops bind their output twice in one pass. Stream 1's use of that
+// buffer, recorded between the two bindings, waits for stream 0's whole
+// pass, so the second binding needs nothing from it: waiting would be a
+// cycle that the serial order does not have. Stream 0's kernels write 1,
+// then 2; `stream1_op` runs while stream 0's pass is open.
+class InPassRebindingTest : public DependencyTest {
+ protected:
+  void SetUp() override {
+    DependencyTest::SetUp();
+    x_ = tensor(0);
+  }
+  void rebindAfterStream1(const std::function<void()>& stream1_op) {
+    makeStreams(2);
+    std::future<void> other;
+    stream(0).serial([&](sim::Lifecycle& lc) {
+      sim::EncoderPtr enc = lc.commandEncoder();
+      tracker_->use(stream(0), x_->uses, Access::kWrite, UseSite::kInPass);
+      enc->dispatch({{{x_->buf, sim::Access::kWrite}}, [b = x_->buf] {
+                       b->write(0, 1);
+                     }});
+      other = std::async(std::launch::async, stream1_op);
+      waitForFlushRequest(stream(0)); // stream 1 recorded its use
+      tracker_->use(stream(0), x_->uses, Access::kWrite, UseSite::kInPass);
+      enc->dispatch({{{x_->buf, sim::Access::kWrite}}, [b = x_->buf] {
+                       b->write(0, 2);
+                     }});
+    });
+    ASSERT_EQ(other.wait_for(harness::kDeadline), std::future_status::ready);
+    other.get();
+    stream(1).synchronize(SyncType::COMMIT_AND_WAIT);
+    EXPECT_EQ(tracker_->cpuWaits() + tracker_->commitWaits(), 1u)
+        << "only stream 1 waits";
+  }
+  std::unique_ptr<Tensor> x_;
+};
+
+TEST_F(InPassRebindingTest, AfterAnotherStreamsWriteNeedsNoWait) {
+  rebindAfterStream1([&] {
+    op(stream(1), {}, x_.get(), 5, SyncType::COMMIT, UseSite::kInPass);
+  });
+  EXPECT_EQ(x_->buf->read(0), combine({}, 5)); // written after both kernels
+}
+
+TEST_F(InPassRebindingTest, AfterAnotherStreamsReadNeedsNoWait) {
+  auto y = tensor(0);
+  rebindAfterStream1(
+      [&] { op(stream(1), {x_.get()}, y.get(), 5, SyncType::COMMIT); });
+  EXPECT_EQ(y->buf->read(0), combine({x_->buf}, 5)); // read 2, after both
+  EXPECT_EQ(x_->buf->read(0), 2);
+}
+
 TEST(BufferUseTableTest, OneRecordPerKeyPerTable) {
   at::mps::BufferUseTable a, b;
   int x = 0, y = 0;

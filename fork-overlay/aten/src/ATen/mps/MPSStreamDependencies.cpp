@@ -186,6 +186,9 @@ void DependencyTracker::record(
     BufferUses& buffer,
     Access access,
     std::vector<Need>& needs) MPS_NO_THREAD_SAFETY_ANALYSIS {
+  if (access == Access::kWrite && buffer.wrote_at_[me] == point) {
+    return; // the same pass wrote it already; see the Note
+  }
   // Fold the sole-use period into the records.
   const uint64_t sole = buffer.sole_.exchange(0, std::memory_order_acq_rel);
   if (sole != 0) {
@@ -194,6 +197,7 @@ void DependencyTracker::record(
     const uint64_t p = sole >> BufferUses::kMarkShift;
     if (sole & BufferUses::kWroteBit) {
       buffer.last_write_ = pack(s, p);
+      buffer.wrote_at_[s] = p;
       buffer.reads_.fill(0);
     } else {
       buffer.reads_[s] = std::max(buffer.reads_[s], p);
@@ -220,6 +224,7 @@ void DependencyTracker::record(
 
   if (access == Access::kWrite) {
     buffer.last_write_ = pack(me, point);
+    buffer.wrote_at_[me] = point;
     buffer.reads_.fill(0);
   } else {
     buffer.reads_[me] = std::max(buffer.reads_[me], point);

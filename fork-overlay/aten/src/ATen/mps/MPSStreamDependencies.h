@@ -36,6 +36,11 @@ namespace at::mps {
 //     (WAW) -- each only while not yet completed;
 //   - then replaces what it dominates: a write becomes the only record (it is
 //     ordered after everything recorded before it); a read joins the reads.
+// A write at a mark where the same stream's write is already recorded is
+// another kernel of that pass binding the buffer again (in-place ops bind
+// their output twice). Every use recorded since depends on the pass, so the
+// write needs nothing and changes nothing; waiting for those uses would be
+// a cycle the serial order does not have.
 // An op's uses are recorded together under its buffers' locks (taken in
 // address order), so ops that share buffers are recorded in one serial
 // order, and every wait points from a later op to an earlier one.
@@ -122,6 +127,9 @@ class TORCH_API BufferUses {
   // Packed as mark * kStreamsPerPool + stream; 0 means none.
   uint64_t last_write_ MPS_GUARDED_BY(mu_) = 0;
   std::array<uint64_t, kStreamsPerPool> reads_ MPS_GUARDED_BY(mu_){};
+  // Per stream, the mark of its last recorded write, kept when later uses
+  // dominate it.
+  std::array<uint64_t, kStreamsPerPool> wrote_at_ MPS_GUARDED_BY(mu_){};
 };
 
 namespace detail {
