@@ -7,9 +7,10 @@
 #   --old-rule   puts the protocol from before the fix back (-DOLD_RULE), the
 #                cycle walk without its re-check (-DNO_REVALIDATE), and the
 #                tracker without its read-after-write or write-after-read
-#                waits (-DNO_RAW, -DNO_WAR), and succeeds only if SPIN finds
-#                the deadlock, the false "no order exists" error, or the
-#                out-of-order GPU use, in each
+#                waits (-DNO_RAW, -DNO_WAR), and a kernel rebinding a buffer
+#                its pass wrote recorded as a new use (-DNO_REBIND), and
+#                succeeds only if SPIN finds the deadlock, the false "no
+#                order exists" error, or the out-of-order GPU use, in each
 # The ring scenario runs on 2 streams: on 3 it outgrows 4 GB (63.5 million
 # states at 1 in flight, 13 minutes, unfinished).
 # Needs spin and gcc; about five minutes on 2 cores.
@@ -61,6 +62,8 @@ if [[ "${1:-}" == --old-rule ]]; then
     "-DNO_RAW -DSCENARIO=3 -DNS=2 -DCAP=2"
   check "no write-after-read wait, ring scenario, 2 streams" error \
     "-DNO_WAR -DSCENARIO=3 -DNS=2 -DCAP=2"
+  check "rebinding recorded again, rebind scenario, 2 streams" error \
+    "-DNO_REBIND -DSCENARIO=4 -DNS=2 -DCAP=2"
   exit "$failed"
 fi
 for cap in 1 2; do
@@ -70,5 +73,7 @@ for cap in 1 2; do
     "-DSCENARIO=2 -DNS=2 -DCAP=$cap"
   check "ring and reuse scenario, 2 streams, $cap in flight" ok \
     "-DSCENARIO=3 -DNS=2 -DCAP=$cap"
+  check "rebind scenario, 2 streams, $cap in flight" ok \
+    "-DSCENARIO=4 -DNS=2 -DCAP=$cap"
 done
 exit "$failed"

@@ -28,6 +28,9 @@
  * stream, and of a write for other streams' reads; the safety assertion
  * then fails in the ring scenario (which shows that it can).
  *
+ * NO_REBIND records a kernel that binds a buffer its pass already wrote as
+ * a new use; SPIN then finds the rebind scenario told "no order exists".
+ *
  * OLD_RULE puts back the protocol before the fix: the fast path stores its
  * mark and re-checks ownership afterwards (a failed re-check records again at
  * the same mark), GPU waits are encoded for uncommitted marks, and only
@@ -93,12 +96,14 @@ bool has_write[NB];      /* last_write_ != 0 */
 byte lw_s[NB];
 byte lw_m[NB];
 byte reads[NB * NS];     /* reads_[stream] */
+byte wrote_at[NB * NS];  /* wrote_at_[stream] */
 byte waiting_s[NS];      /* waiting_on_: (stream, mark), mark 0: none */
 byte waiting_m[NS];
 /* ---- safety bookkeeping (not part of the protocol) ---- */
 byte nrec[NB];
 byte rec_state[NB * MAXREC]; /* 1 recorded, 2 void, 3 ran on the GPU */
 bool rec_write[NB * MAXREC];
+byte lastslot[NB * NS];  /* the record slot of a stream's last new use */
 byte raised;             /* ops that raised the cycle error */
 byte finished;
 
@@ -111,6 +116,16 @@ inline gpu_exec(b, slot) {
     do
     :: j < slot ->
        assert(!(rec_state[b * MAXREC + j] == 1 &&
+                (rec_write[b * MAXREC + j] || rec_write[b * MAXREC + slot])));
+       j++
+    :: else -> break
+    od;
+    /* and none recorded after it ran first: a rebinding runs the slot of
+       its pass's first use again */
+    j = slot + 1;
+    do
+    :: j < nrec[b] ->
+       assert(!(rec_state[b * MAXREC + j] == 3 &&
                 (rec_write[b * MAXREC + j] || rec_write[b * MAXREC + slot])));
        j++
     :: else -> break
@@ -234,8 +249,9 @@ inline add_need(t, m) {
   fi
 }
 
-inline new_slot(b, acc) {
+inline new_slot(s, b, acc) {
   slot = nrec[b]; nrec[b]++;
+  lastslot[b * NS + s] = slot;
   assert(slot < MAXREC);
   rec_state[b * MAXREC + slot] = 1;
   rec_write[b * MAXREC + slot] = acc
@@ -246,12 +262,22 @@ inline record(s, b, acc, m, bi) {
      (exchange for 0), collect what the use must wait for, record it, and
      hand the buffer back to the fast path if only s uses it */
   d_step {
+#ifndef NO_REBIND
+    if
+    :: acc == WRITE && wrote_at[b * NS + s] == m ->
+       /* the same pass wrote b already: nothing to wait for or record; the
+          kernel is one more use of the pass's record */
+       myslot[bi] = lastslot[b * NS + s];
+       rec_state[b * MAXREC + myslot[bi]] = 1; rec_write[b * MAXREC + myslot[bi]] = 1
+    :: else ->
+#endif
     if
     :: word_owner[b] != 0 ->
        t = word_owner[b] - 1;
        printf("stream %d takes buffer %d over from stream %d (mark %d)\n", s, b, t, word_mark[b]);
        if
        :: word_wrote[b] -> has_write[b] = 1; lw_s[b] = t; lw_m[b] = word_mark[b];
+                           wrote_at[b * NS + t] = word_mark[b];
                            i = 0;
                            do :: i < NS -> reads[b * NS + i] = 0; i++ :: else -> break od
        :: else -> if :: reads[b * NS + t] < word_mark[b] -> reads[b * NS + t] = word_mark[b]
@@ -276,7 +302,7 @@ inline record(s, b, acc, m, bi) {
        :: else -> break
        od;
 #endif
-       has_write[b] = 1; lw_s[b] = s; lw_m[b] = m;
+       has_write[b] = 1; lw_s[b] = s; lw_m[b] = m; wrote_at[b * NS + s] = m;
        i = 0;
        do :: i < NS -> reads[b * NS + i] = 0; i++ :: else -> break od
     :: else ->
@@ -296,8 +322,12 @@ inline record(s, b, acc, m, bi) {
        has_write[b] = 0; reads[b * NS + s] = 0
     :: else -> skip
     fi;
-    new_slot(b, acc);
-    myslot[bi] = slot;
+    new_slot(s, b, acc);
+    myslot[bi] = slot
+#ifndef NO_REBIND
+    fi
+#endif
+    ;
     i = 0; t = 0
   }
 }
@@ -308,7 +338,7 @@ inline fast_publish(s, b, acc, m, bi) {
   /* sole_point_.store(mark) ... then sole_user_ re-checked */
   if
   :: word_owner[b] == s + 1 ->
-     d_step { word_mark[b] = m; new_slot(b, acc); myslot[bi] = slot };
+     d_step { word_mark[b] = m; new_slot(s, b, acc); myslot[bi] = slot };
      printf("stream %d fast path: publishes buffer %d at mark %d\n", s, b, m);
      if
      :: word_owner[b] == s + 1 -> skip
@@ -320,9 +350,11 @@ inline fast_publish(s, b, acc, m, bi) {
   /* compare_exchange_strong on sole_ */
   d_step {
     if
-    :: word_owner[b] == s + 1 && word_mark[b] == m -> skip  /* recorded already */
+    :: word_owner[b] == s + 1 && word_mark[b] == m ->  /* recorded already */
+       myslot[bi] = lastslot[b * NS + s]; rec_state[b * MAXREC + myslot[bi]] = 1;
+       if :: acc == WRITE -> rec_write[b * MAXREC + myslot[bi]] = 1 :: else -> skip fi
     :: word_owner[b] == s + 1 && word_mark[b] != m ->
-       word_mark[b] = m; new_slot(b, acc); myslot[bi] = slot; published = 1;
+       word_mark[b] = m; new_slot(s, b, acc); myslot[bi] = slot; published = 1;
        printf("stream %d fast path: publishes buffer %d at mark %d\n", s, b, m)
     :: else -> fast = 2
     fi
@@ -683,6 +715,33 @@ proctype in_pass_other() {
   finished++
 }
 
+/* Stream 0's pass binds buffer 0 twice, as an in-place op binds its
+   output; stream 1 reads it or overwrites it in between. Stream 1 waits for
+   the whole pass, so the second binding needs nothing: the tracker must
+   neither wait for stream 1 nor raise (InPassRebindingTest in
+   tests/unit/stream_dependencies_test.cpp). */
+proctype rebind_writer() {
+  LOCALS;
+  enter(0);
+  ub[0] = 0; ua[0] = WRITE; ub[1] = NONE_B;
+  use_in_pass(0);
+  use_in_pass(0);
+  sync(0, SYNC_NONE);
+  leave(0);
+  commit_and_wait(0);
+  finished++
+}
+
+proctype rebind_other() {
+  LOCALS;
+  if
+  :: op2(1, 0, READ, 1, WRITE, SYNC_COMMIT)
+  :: op2(1, 0, WRITE, NONE_B, READ, SYNC_COMMIT)
+  fi;
+  commit_and_wait(1);
+  finished++
+}
+
 /* Streams in a ring, each handing a buffer on to the next: stream s reads
    buffer (s + NS - 1) % NS and writes buffer s; stream 0 then reuses its
    own output, which the next stream read, and the buffer it was handed,
@@ -715,6 +774,9 @@ init {
 #elif SCENARIO == 2
     run in_pass_writer();
     run in_pass_other()
+#elif SCENARIO == 4
+    run rebind_writer();
+    run rebind_other()
 #else
     s = 0;
     do
