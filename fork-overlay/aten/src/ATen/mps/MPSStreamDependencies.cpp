@@ -186,8 +186,9 @@ void DependencyTracker::record(
     BufferUses& buffer,
     Access access,
     std::vector<Need>& needs) MPS_NO_THREAD_SAFETY_ANALYSIS {
+  // The same pass wrote it already (Note [MPS cross-stream dependencies]).
   if (access == Access::kWrite && buffer.wrote_at_[me] == point) {
-    return; // the same pass wrote it already; see the Note
+    return;
   }
   // Fold the sole-use period into the records.
   const uint64_t sole = buffer.sole_.exchange(0, std::memory_order_acq_rel);
