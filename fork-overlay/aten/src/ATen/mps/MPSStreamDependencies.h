@@ -128,7 +128,7 @@ class TORCH_API BufferUses {
   uint64_t last_write_ MPS_GUARDED_BY(mu_) = 0;
   std::array<uint64_t, kStreamsPerPool> reads_ MPS_GUARDED_BY(mu_){};
   // Per stream, the mark of its last recorded write, kept when later uses
-  // dominate it.
+  // dominate it; 0 for none (marks start at 1).
   std::array<uint64_t, kStreamsPerPool> wrote_at_ MPS_GUARDED_BY(mu_){};
 };
 
