@@ -37,6 +37,9 @@ class GlueTest : public ::testing::Test {
 inline id<MTLBuffer> bufferOf(const c10::DataPtr& data) {
   return (__bridge id<MTLBuffer>)data.get();
 }
+inline id<MTLBuffer> bufferOf(const at::Tensor& tensor) {
+  return bufferOf(tensor.storage().data_ptr());
+}
 
 // An allocation from the MPS allocator for the calling thread's current
 // stream, checked by the hazard detector as it is handed out.
@@ -46,8 +49,9 @@ c10::DataPtr allocated(size_t bytes);
 // op: the Linux wheel registers no MPS kernel but the ones this build links in.
 at::Tensor mpsTensor(int64_t elements);
 
-// The contents of `buffer` as int64 words. Read only after the work that
-// writes them completed.
+// The contents of `buffer` as int64 words: from the host, read only after
+// the work that writes them completed; in a kernel body, the GPU's view.
+int64_t* words(sim::Buffer& buffer);
 int64_t* words(id<MTLBuffer> buffer);
 
 // An op on the calling thread's current stream, in its own autorelease pool

@@ -38,8 +38,12 @@ at::Tensor mpsTensor(int64_t elements) {
   return t;
 }
 
+int64_t* words(sim::Buffer& buffer) {
+  return reinterpret_cast<int64_t*>(buffer.contents());
+}
+
 int64_t* words(id<MTLBuffer> buffer) {
-  return reinterpret_cast<int64_t*>(sim::metal::bufferOf(buffer)->contents());
+  return words(*sim::metal::bufferOf(buffer));
 }
 
 void encodeKernel(const std::vector<id<MTLBuffer>>& buffers, std::function<void()> body, Tracking tracking) {
@@ -60,7 +64,7 @@ void encodeKernel(const std::vector<id<MTLBuffer>>& buffers, std::function<void(
 void encodeIncrement(id<MTLBuffer> buffer) {
   sim::BufferPtr b = sim::metal::bufferOf(buffer);
   encodeKernel({buffer}, [b] {
-    auto* w = reinterpret_cast<int64_t*>(b->contents());
+    auto* w = words(*b);
     for (size_t i = 0; i < b->bytes() / sizeof(int64_t); ++i) {
       w[i] += 1;
     }

@@ -58,7 +58,7 @@ TEST_F(GlueTest, AllocationsFromManyThreadsAreDistinctAndKeepTheirContents) {
       }
       sim::BufferPtr b = sim::metal::bufferOf(glue::bufferOf(data));
       const int64_t stamp = t * 100000 + i;
-      glue::encodeKernel({glue::bufferOf(data)}, [b, stamp] { reinterpret_cast<int64_t*>(b->contents())[0] = stamp; });
+      glue::encodeKernel({glue::bufferOf(data)}, [b, stamp] { glue::words(*b)[0] = stamp; });
       glue::encodeIncrement(glue::bufferOf(data));
       if (i % 4 == 0) {
         guard()->synchronizeStream(at::mps::getCurrentMPSStream()->unwrap());
@@ -145,7 +145,7 @@ TEST_F(GlueTest, EmptyCacheUnderLoad) {
       c10::DataPtr keep = glue::allocated(sizeFor(t, i));
       c10::DataPtr scratch = glue::allocated(sizeFor(t, i + 1));
       sim::BufferPtr k = sim::metal::bufferOf(glue::bufferOf(keep));
-      glue::encodeKernel({glue::bufferOf(keep)}, [k, i] { reinterpret_cast<int64_t*>(k->contents())[0] = i; });
+      glue::encodeKernel({glue::bufferOf(keep)}, [k, i] { glue::words(*k)[0] = i; });
       glue::encodeIncrement(glue::bufferOf(scratch));
       scratch.clear();
       glue::encodeIncrement(glue::bufferOf(keep));

@@ -102,7 +102,7 @@ TEST_F(GlueTest, EventRecordAndBlockOrderTwoStreams) {
           {glue::bufferOf(src)},
           [buffer, r] {
             std::this_thread::sleep_for(std::chrono::microseconds(300));
-            reinterpret_cast<int64_t*>(buffer->contents())[0] = r;
+            glue::words(*buffer)[0] = r;
           },
           glue::Tracking::kUntracked);
       event.record(a);

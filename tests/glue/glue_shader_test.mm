@@ -120,7 +120,7 @@ TEST_F(GlueTest, ShaderCompileErrorReachesEveryCallerAndIsNotCached) {
 // is lost and no two overlap on the GPU.
 TEST_F(GlueTest, CompiledShaderKernelsOnManyStreamsOrderTheirWritesToOneTensor) {
   sim::metal::defineKernel("glue_add_one", [](const std::vector<sim::BufferPtr>& buffers) {
-    int64_t* value = reinterpret_cast<int64_t*>(buffers.at(0)->contents());
+    int64_t* value = glue::words(*buffers.at(0));
     const int64_t read = *value;
     std::this_thread::sleep_for(std::chrono::microseconds(100));
     *value = read + 1;
@@ -128,10 +128,8 @@ TEST_F(GlueTest, CompiledShaderKernelsOnManyStreamsOrderTheirWritesToOneTensor) 
   auto& library = processLifetime<at::native::mps::DynamicMetalShaderLibrary>(
       "kernel void glue_add_one(device long* data, uint index [[thread_position_in_grid]]) {}\n");
   at::Tensor counter = glue::mpsTensor(1);
-  glue::encodeKernel({glue::bufferOf(counter.storage().data_ptr())},
-                     [b = sim::metal::bufferOf(glue::bufferOf(counter.storage().data_ptr()))] {
-                       reinterpret_cast<int64_t*>(b->contents())[0] = 0;
-                     });
+  glue::encodeKernel({glue::bufferOf(counter)},
+                     [b = sim::metal::bufferOf(glue::bufferOf(counter))] { glue::words(*b)[0] = 0; });
   at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
   constexpr int kThreads = 8;
   constexpr int kIncrements = 25;
@@ -150,7 +148,7 @@ TEST_F(GlueTest, CompiledShaderKernelsOnManyStreamsOrderTheirWritesToOneTensor) 
     }
   });
   at::detail::getMPSHooks().deviceSynchronize();
-  EXPECT_EQ(glue::words(glue::bufferOf(counter.storage().data_ptr()))[0], kThreads * kIncrements);
+  EXPECT_EQ(glue::words(glue::bufferOf(counter))[0], kThreads * kIncrements);
 }
 
 // Elementwise ops run through exec_binary_kernel: a TensorIterator over the
@@ -162,9 +160,9 @@ TEST_F(GlueTest, CompiledShaderKernelsOnManyStreamsOrderTheirWritesToOneTensor) 
 TEST_F(GlueTest, ElementwiseOpsOnManyStreamsAccumulateIntoOneTensor) {
   constexpr int64_t kElements = 64;
   sim::metal::defineKernel("glue_add_dense_long_long", [](const std::vector<sim::BufferPtr>& buffers) {
-    auto* out = reinterpret_cast<int64_t*>(buffers.at(0)->contents());
-    const auto* a = reinterpret_cast<const int64_t*>(buffers.at(1)->contents());
-    const auto* b = reinterpret_cast<const int64_t*>(buffers.at(2)->contents());
+    auto* out = glue::words(*buffers.at(0));
+    const auto* a = glue::words(*buffers.at(1));
+    const auto* b = glue::words(*buffers.at(2));
     std::vector<int64_t> sum(kElements);
     for (int64_t i = 0; i < kElements; ++i) {
       sum[i] = a[i] + b[i];
@@ -176,11 +174,10 @@ TEST_F(GlueTest, ElementwiseOpsOnManyStreamsAccumulateIntoOneTensor) {
       "kernel void glue_add_dense_long_long(device long* out, constant long* a, constant long* b) {}\n");
   at::Tensor acc = glue::mpsTensor(kElements);
   at::Tensor one = glue::mpsTensor(kElements);
-  glue::encodeKernel({glue::bufferOf(acc.storage().data_ptr()), glue::bufferOf(one.storage().data_ptr())},
-                     [a = sim::metal::bufferOf(glue::bufferOf(acc.storage().data_ptr())),
-                      o = sim::metal::bufferOf(glue::bufferOf(one.storage().data_ptr()))] {
-                       std::fill_n(reinterpret_cast<int64_t*>(a->contents()), kElements, 0);
-                       std::fill_n(reinterpret_cast<int64_t*>(o->contents()), kElements, 1);
+  glue::encodeKernel({glue::bufferOf(acc), glue::bufferOf(one)},
+                     [a = sim::metal::bufferOf(glue::bufferOf(acc)), o = sim::metal::bufferOf(glue::bufferOf(one))] {
+                       std::fill_n(glue::words(*a), kElements, 0);
+                       std::fill_n(glue::words(*o), kElements, 1);
                      });
   at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
   constexpr int kThreads = 8;
@@ -193,7 +190,7 @@ TEST_F(GlueTest, ElementwiseOpsOnManyStreamsAccumulateIntoOneTensor) {
     }
   });
   at::detail::getMPSHooks().deviceSynchronize();
-  const int64_t* values = glue::words(glue::bufferOf(acc.storage().data_ptr()));
+  const int64_t* values = glue::words(glue::bufferOf(acc));
   EXPECT_EQ(std::count(values, values + kElements, kThreads * kAdds), kElements) << "acc[0] = " << values[0];
 }
 

@@ -118,7 +118,7 @@ TEST_F(GlueTest, CompletionHandlersRunAfterTheirThreadExited) {
     std::atomic<int>* ran_p = &ran;
     std::atomic<int>* early_p = &ran_early;
     at::mps::getCurrentMPSStream()->addCompletedHandler(^(id<MTLCommandBuffer>) {
-      if (reinterpret_cast<int64_t*>(b->contents())[0] != 1) {
+      if (glue::words(*b)[0] != 1) {
         early_p->fetch_add(1);
       }
       ran_p->fetch_add(1);
@@ -142,7 +142,7 @@ TEST_F(GlueTest, CompletionHandlerOnAnIdleStreamFollowsTheLastCommit) {
   std::atomic<bool> ran{false};
   std::atomic<bool>* ran_p = &ran;
   stream->addCompletedHandler(^(id<MTLCommandBuffer> cb) {
-    seen = reinterpret_cast<int64_t*>(b->contents())[0];
+    seen = glue::words(*b)[0];
     ran_p->store(true);
   });
   ASSERT_TRUE(glue::eventually([&] { return ran.load(); }));
@@ -250,7 +250,7 @@ TEST_F(GlueTest, GraphsRunFromManyThreadsIncludingTheDefaultStream) {
       c10::DataPtr dst = glue::allocated(128);
       for (int r = 0; r < kRuns; ++r) {
         glue::encodeKernel({glue::bufferOf(src)}, [b = sim::metal::bufferOf(glue::bufferOf(src)), t, r] {
-          reinterpret_cast<int64_t*>(b->contents())[0] = t * 1000 + r;
+          glue::words(*b)[0] = t * 1000 + r;
         });
         MPSGraphTensorData* in_data = [[[MPSGraphTensorData alloc] initWithMTLBuffer:glue::bufferOf(src)
                                                                                shape:shape
@@ -289,7 +289,7 @@ TEST_F(GlueTest, CrossStreamUseIsOrderedWithoutEvents) {
         sim::BufferPtr b = sim::metal::bufferOf(glue::bufferOf(shared));
         glue::encodeKernel({glue::bufferOf(shared)}, [b, r] {
           std::this_thread::sleep_for(std::chrono::microseconds(200));
-          reinterpret_cast<int64_t*>(b->contents())[0] = r;
+          glue::words(*b)[0] = r;
         });
         at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
         std::thread([&, r] {

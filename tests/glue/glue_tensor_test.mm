@@ -53,14 +53,14 @@ TEST_F(GlueTest, KernelBindingATensorWithMtlSetArgsRunsAfterAnotherStreamsWrite)
   constexpr int kRounds = 20;
   for (int r = 0; r < kRounds; ++r) {
     at::Tensor t = glue::mpsTensor(64);
-    sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(t.storage().data_ptr()));
+    sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(t));
     auto seen = std::make_shared<std::atomic<int64_t>>(-1);
     encodeBinding(at::mps::getMPSStream(2 + r % 3)->unwrap(), t, [buffer, r] {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      reinterpret_cast<int64_t*>(buffer->contents())[0] = r + 1;
+      glue::words(*buffer)[0] = r + 1;
     });
     at::mps::MPSStream* b = at::mps::getMPSStream(5 + r % 3);
-    encodeBinding(b->unwrap(), t, [buffer, seen] { seen->store(reinterpret_cast<int64_t*>(buffer->contents())[0]); });
+    encodeBinding(b->unwrap(), t, [buffer, seen] { seen->store(glue::words(*buffer)[0]); });
     b->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
     EXPECT_EQ(seen->load(), r + 1) << "round " << r;
   }
@@ -99,10 +99,10 @@ TEST_F(GlueTest, GraphFedATensorThroughPlaceholderRunsAfterAnotherStreamsWrite) 
   for (int r = 0; r < kRounds; ++r) {
     at::Tensor x = glue::mpsTensor(64);
     at::Tensor y = glue::mpsTensor(64);
-    sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(x.storage().data_ptr()));
+    sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(x));
     encodeBinding(at::mps::getMPSStream(2 + r % 3)->unwrap(), x, [buffer, r] {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      reinterpret_cast<int64_t*>(buffer->contents())[0] = r + 1;
+      glue::words(*buffer)[0] = r + 1;
     });
     at::mps::MPSStream* b = at::mps::getMPSStream(5 + r % 3);
     {
@@ -110,7 +110,7 @@ TEST_F(GlueTest, GraphFedATensorThroughPlaceholderRunsAfterAnotherStreamsWrite) 
       runCopyGraph(x, y);
     }
     b->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
-    EXPECT_EQ(glue::words(glue::bufferOf(y.storage().data_ptr()))[0], r + 1) << "round " << r;
+    EXPECT_EQ(glue::words(glue::bufferOf(y))[0], r + 1) << "round " << r;
   }
 }
 
@@ -124,14 +124,13 @@ TEST_F(GlueTest, OneCachedGraphRunsOnManyThreadsOneEncodeAtATime) {
   glue::onThreads(kThreads, [](int t) {
     at::Tensor x = glue::mpsTensor(16);
     at::Tensor y = glue::mpsTensor(16);
-    sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(x.storage().data_ptr()));
+    sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(x));
     for (int r = 0; r < kRuns; ++r) {
-      encodeBinding(at::mps::getCurrentMPSStream()->unwrap(), x, [buffer, t, r] {
-        reinterpret_cast<int64_t*>(buffer->contents())[0] = t * 1000 + r;
-      });
+      encodeBinding(
+          at::mps::getCurrentMPSStream()->unwrap(), x, [buffer, t, r] { glue::words(*buffer)[0] = t * 1000 + r; });
       runCopyGraph(x, y);
       at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
-      EXPECT_EQ(glue::words(glue::bufferOf(y.storage().data_ptr()))[0], t * 1000 + r);
+      EXPECT_EQ(glue::words(glue::bufferOf(y))[0], t * 1000 + r);
     }
   });
   EXPECT_EQ(copyGraph(glue::mpsTensor(16), glue::mpsTensor(16)), copyGraph(glue::mpsTensor(16), glue::mpsTensor(16)));
@@ -180,8 +179,8 @@ TEST_F(GlueTest, TensorRecordStreamKeepsTheBlockFromReuseUntilTheUseCompleted) {
     const c10::Stream b = at::mps::getMPSStream(2 + r % 6)->unwrap();
     {
       c10::StreamGuard g(b);
-      sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(t.storage().data_ptr()));
-      glue::encodeKernel({glue::bufferOf(t.storage().data_ptr())},
+      sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(t));
+      glue::encodeKernel({glue::bufferOf(t)},
                          [buffer] { std::this_thread::sleep_for(std::chrono::microseconds(500)); });
       at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
     }
