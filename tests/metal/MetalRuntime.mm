@@ -414,10 +414,8 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
 - (void)dispatchKernel {
   auto& s = state<ComputeEncoderState>(self);
   Kernel kernel;
-  std::vector<BufferPtr> buffers;
   for (auto& [index, buffer] : s.bound) {
-    buffers.push_back(bufferOf(buffer));
-    kernel.uses.emplace_back(buffers.back(), Access::kWrite);
+    kernel.uses.emplace_back(bufferOf(buffer), Access::kWrite);
   }
   kernel.body = std::move(s.next_body);
   s.next_body = nullptr;
@@ -426,7 +424,11 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
     MutexLock lock(c.mu);
     auto defined = c.kernels.find(s.function);
     if (defined != c.kernels.end()) {
-      kernel.body = [body = defined->second, buffers] { body(buffers); };
+      std::vector<BufferPtr> buffers; // bound in index order
+      for (const auto& use : kernel.uses) {
+        buffers.push_back(use.first);
+      }
+      kernel.body = [body = defined->second, buffers = std::move(buffers)] { body(buffers); };
     }
   }
   s.encoder->dispatch(std::move(kernel));
@@ -749,7 +751,8 @@ SIM_OBJC_RETAIN_COUNT(DeviceState)
   std::this_thread::sleep_for(kCompileTime);
   const std::string text = [source UTF8String];
   std::smatch m;
-  if (std::regex_search(text, m, std::regex("#error ([^\n]*)"))) {
+  static const std::regex error_line("#error ([^\n]*)");
+  if (std::regex_search(text, m, error_line)) {
     if (error != nullptr) {
       NSString* message = [NSString stringWithUTF8String:m[1].str().c_str()];
       *error = [NSError errorWithDomain:MTLLibraryErrorDomain
@@ -761,7 +764,7 @@ SIM_OBJC_RETAIN_COUNT(DeviceState)
   SimMTLLibrary* library = [SimMTLLibrary alloc];
   auto& s = state<LibraryState>(library);
   s.device = self;
-  const std::regex kernel("kernel\\s+void\\s+(\\w+)\\s*\\(");
+  static const std::regex kernel("kernel\\s+void\\s+(\\w+)\\s*\\(");
   for (auto it = std::sregex_iterator(text.begin(), text.end(), kernel); it != std::sregex_iterator(); ++it) {
     s.functions.push_back((*it)[1].str());
   }
