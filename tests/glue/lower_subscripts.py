@@ -34,15 +34,8 @@ def main():
             rewritten += 1
     if rewritten != expected:
         sys.exit(f"{src}: expected {expected} NSMutableArray element assignments, found {rewritten}")
-    text = "\n".join(lines)
-    try:
-        with open(dst, encoding="utf-8") as f:
-            if f.read() == text:
-                return
-    except FileNotFoundError:
-        pass
     with open(dst, "w", encoding="utf-8") as f:
-        f.write(text)
+        f.write("\n".join(lines))
 
 
 if __name__ == "__main__":
