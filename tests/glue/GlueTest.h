@@ -66,6 +66,10 @@ void encodeKernel(
     std::function<void()> body,
     Tracking tracking = Tracking::kTracked);
 
+// A kernel on stream `s` that uses `buffer` for 500 µs, then committed: work
+// that a block freed meanwhile must wait for before it is handed out again.
+void encodeSlowUseOn(const c10::Stream& s, id<MTLBuffer> buffer);
+
 // Kernels: every word of `buffer` += 1; every word of `dst` = `src`'s.
 void encodeIncrement(id<MTLBuffer> buffer);
 void encodeCopy(id<MTLBuffer> src, id<MTLBuffer> dst);

@@ -1,6 +1,7 @@
 #include "GlueTest.h"
 
 #include <ATen/mps/MPSAllocatorInterface.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/TensorImpl.h>
 #include <dispatch/dispatch.h>
 
@@ -59,6 +60,12 @@ void encodeKernel(const std::vector<id<MTLBuffer>>& buffers, std::function<void(
       sim::metal::dispatchKernel(encoder, buffers, body);
     });
   }
+}
+
+void encodeSlowUseOn(const c10::Stream& s, id<MTLBuffer> buffer) {
+  c10::StreamGuard guard(s);
+  encodeKernel({buffer}, [] { std::this_thread::sleep_for(std::chrono::microseconds(500)); });
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
 }
 
 void encodeIncrement(id<MTLBuffer> buffer) {

@@ -177,13 +177,7 @@ TEST_F(GlueTest, RecordDataPtrOnStreamKeepsTheBlockFromReuseUntilTheUseCompleted
   for (int r = 0; r < kRounds; ++r) {
     c10::DataPtr data = glue::allocated(4096);
     const c10::Stream b = at::mps::getMPSStream(2 + r % 6)->unwrap();
-    {
-      c10::StreamGuard g(b);
-      sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(data));
-      glue::encodeKernel({glue::bufferOf(data)},
-                         [buffer] { std::this_thread::sleep_for(std::chrono::microseconds(500)); });
-      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
-    }
+    glue::encodeSlowUseOn(b, glue::bufferOf(data));
     guard()->recordDataPtrOnStream(data, b);
     data.clear();
     std::thread([] { glue::allocated(4096); }).join();

@@ -177,13 +177,7 @@ TEST_F(GlueTest, TensorRecordStreamKeepsTheBlockFromReuseUntilTheUseCompleted) {
   for (int r = 0; r < kRounds; ++r) {
     at::Tensor t = glue::mpsTensor(512);
     const c10::Stream b = at::mps::getMPSStream(2 + r % 6)->unwrap();
-    {
-      c10::StreamGuard g(b);
-      sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(t));
-      glue::encodeKernel({glue::bufferOf(t)},
-                         [buffer] { std::this_thread::sleep_for(std::chrono::microseconds(500)); });
-      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
-    }
+    glue::encodeSlowUseOn(b, glue::bufferOf(t));
     t.record_stream(b);
     t.reset();
     std::thread([] { glue::allocated(4096); }).join();
