@@ -29,7 +29,8 @@
  * then fails in the ring scenario (which shows that it can).
  *
  * NO_REBIND records a kernel that binds a buffer its pass already wrote as
- * a new use; SPIN then finds the rebind scenario told "no order exists".
+ * a new use (a read or a write); SPIN then finds the rebind scenario told
+ * "no order exists".
  *
  * OLD_RULE puts back the protocol before the fix: the fast path stores its
  * mark and re-checks ownership afterwards (a failed re-check records again at
@@ -264,9 +265,9 @@ inline record(s, b, acc, m, bi) {
   d_step {
 #ifndef NO_REBIND
     if
-    :: acc == WRITE && wrote_at[b * NS + s] == m ->
+    :: wrote_at[b * NS + s] == m ->
        /* the same pass wrote b already: nothing to wait for or record; the
-          kernel is one more use of the pass's record */
+          kernel, reading or writing, is one more use of the pass's record */
        myslot[bi] = lastslot[b * NS + s];
        rec_state[b * MAXREC + myslot[bi]] = 1; rec_write[b * MAXREC + myslot[bi]] = 1
     :: else ->
@@ -716,7 +717,8 @@ proctype in_pass_other() {
 }
 
 /* Stream 0's pass binds buffer 0 twice, as an in-place op binds its
-   output; stream 1 reads it or overwrites it in between. Stream 1 waits for
+   output, then the same tensor as an input (a write, then a read or a
+   write); stream 1 reads it or overwrites it in between. Stream 1 waits for
    the whole pass, so the second binding needs nothing: the tracker must
    neither wait for stream 1 nor raise (InPassRebindingTest in
    tests/unit/stream_dependencies_test.cpp). */
@@ -725,6 +727,10 @@ proctype rebind_writer() {
   enter(0);
   ub[0] = 0; ua[0] = WRITE; ub[1] = NONE_B;
   use_in_pass(0);
+  if
+  :: ua[0] = WRITE
+  :: ua[0] = READ /* the in-place op's input binding */
+  fi;
   use_in_pass(0);
   sync(0, SYNC_NONE);
   leave(0);

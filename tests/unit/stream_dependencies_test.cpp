@@ -202,18 +202,21 @@ TEST_F(DependencyTest, InPassCycleIsReportedInsteadOfHanging) {
   EXPECT_GE(cycle_errors.load(), 1);
 }
 
-// In-place ops bind their output twice in one pass. Stream 1's use of that
-// buffer, recorded between the two bindings, waits for stream 0's whole
-// pass, so the second binding needs nothing from it: waiting would be a
-// cycle that the serial order does not have. Stream 0's kernels write 1,
-// then 2; `stream1_op` runs while stream 0's pass is open.
+// In-place ops bind their output twice in one pass, as the output and as an
+// input. Stream 1's use of that buffer, recorded between the two bindings,
+// waits for stream 0's whole pass, so the second binding needs nothing from
+// it: waiting would be a cycle that the serial order does not have. Stream
+// 0's first kernel writes 1, its second one reads and, if `second` is a
+// write, writes 2; `stream1_op` runs while stream 0's pass is open.
 class InPassRebindingTest : public DependencyTest {
  protected:
   void SetUp() override {
     DependencyTest::SetUp();
     x_ = tensor(0);
   }
-  void rebindAfterStream1(const std::function<void()>& stream1_op) {
+  void rebindAfterStream1(
+      const std::function<void()>& stream1_op,
+      Access second = Access::kWrite) {
     makeStreams(2);
     std::future<void> other;
     stream(0).serial([&](sim::Lifecycle& lc) {
@@ -224,10 +227,16 @@ class InPassRebindingTest : public DependencyTest {
                      }});
       other = std::async(std::launch::async, stream1_op);
       waitForFlushRequest(stream(0)); // stream 1 recorded its use
-      tracker_->use(stream(0), x_->uses, Access::kWrite, UseSite::kInPass);
-      enc->dispatch({{{x_->buf, sim::Access::kWrite}}, [b = x_->buf] {
-                       b->write(0, 2);
-                     }});
+      tracker_->use(stream(0), x_->uses, second, UseSite::kInPass);
+      const bool write = second == Access::kWrite;
+      enc->dispatch(
+          {{{x_->buf, write ? sim::Access::kWrite : sim::Access::kRead}},
+           [this, b = x_->buf, write] {
+             seen_ = b->read(0);
+             if (write) {
+               b->write(0, 2);
+             }
+           }});
     });
     ASSERT_EQ(other.wait_for(harness::kDeadline), std::future_status::ready);
     other.get();
@@ -236,6 +245,7 @@ class InPassRebindingTest : public DependencyTest {
         << "only stream 1 waits";
   }
   std::unique_ptr<Tensor> x_;
+  std::atomic<int64_t> seen_{-1}; // what the second kernel read
 };
 
 TEST_F(InPassRebindingTest, AfterAnotherStreamsWriteNeedsNoWait) {
@@ -243,6 +253,16 @@ TEST_F(InPassRebindingTest, AfterAnotherStreamsWriteNeedsNoWait) {
     op(stream(1), {}, x_.get(), 5, SyncType::COMMIT, UseSite::kInPass);
   });
   EXPECT_EQ(x_->buf->read(0), combine({}, 5)); // written after both kernels
+}
+
+TEST_F(InPassRebindingTest, ReadAfterAnotherStreamsWriteNeedsNoWait) {
+  rebindAfterStream1(
+      [&] {
+        op(stream(1), {}, x_.get(), 5, SyncType::COMMIT, UseSite::kInPass);
+      },
+      Access::kRead);
+  EXPECT_EQ(seen_.load(), 1); // its own pass's write, not stream 1's
+  EXPECT_EQ(x_->buf->read(0), combine({}, 5));
 }
 
 TEST_F(InPassRebindingTest, AfterAnotherStreamsReadNeedsNoWait) {

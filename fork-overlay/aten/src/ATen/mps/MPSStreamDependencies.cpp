@@ -187,7 +187,7 @@ void DependencyTracker::record(
     Access access,
     std::vector<Need>& needs) MPS_NO_THREAD_SAFETY_ANALYSIS {
   // The same pass wrote it already (Note [MPS cross-stream dependencies]).
-  if (access == Access::kWrite && buffer.wrote_at_[me] == point) {
+  if (buffer.wrote_at_[me] == point) {
     return;
   }
   // Fold the sole-use period into the records.

@@ -36,11 +36,11 @@ namespace at::mps {
 //     (WAW) -- each only while not yet completed;
 //   - then replaces what it dominates: a write becomes the only record (it is
 //     ordered after everything recorded before it); a read joins the reads.
-// A write at a mark where the same stream's write is already recorded is
+// A use at a mark where the same stream's write is already recorded is
 // another kernel of that pass binding the buffer again (in-place ops bind
-// their output twice). Every use recorded since depends on the pass, so the
-// write needs nothing and changes nothing; waiting for those uses would be
-// a cycle the serial order does not have.
+// their output, then the same tensor as an input). Every use recorded since
+// depends on the pass, so the use needs nothing and changes nothing; waiting
+// for those uses would be a cycle the serial order does not have.
 // An op's uses are recorded together under its buffers' locks (taken in
 // address order), so ops that share buffers are recorded in one serial
 // order, and every wait points from a later op to an earlier one.
