@@ -129,12 +129,17 @@ struct CompletedState {
   Status status;
 };
 
+// How a kernel uses each buffer argument, by index: read only when the
+// shader declares it `constant` or `const device`, else written.
+using Arguments = std::map<NSUInteger, Access>;
+
 struct ComputeEncoderState {
   EncoderPtr encoder;
   id<MTLDevice> device = nil;
   std::map<NSUInteger, id<MTLBuffer>> bound; // retained while bound
   std::function<void()> next_body; // set by dispatchKernel()
   std::string function; // of the pipeline state set last
+  Arguments arguments; // of the pipeline state set last
   void unbindAll() {
     for (auto& [index, buffer] : bound) {
       [buffer release];
@@ -163,16 +168,19 @@ struct CompileOptionsState {
 struct LibraryState {
   id<MTLDevice> device = nil;
   std::vector<std::string> functions;
+  std::map<std::string, Arguments> arguments;
 };
 
 struct FunctionState {
   id<MTLDevice> device = nil;
   std::string name;
+  Arguments arguments;
 };
 
 struct PipelineState {
   id<MTLDevice> device = nil;
   std::string function;
+  Arguments arguments;
 };
 
 struct Compiler {
@@ -185,6 +193,30 @@ struct Compiler {
 Compiler& compiler() {
   static Compiler* c = new Compiler(); // leaked with the device
   return *c;
+}
+
+// The buffer arguments of the parameter list that starts at text[begin]:
+// the pointer and reference parameters, numbered in order (the test shaders
+// give no [[buffer(N)]] indices).
+Arguments argumentsOf(const std::string& text, size_t begin) {
+  Arguments arguments;
+  NSUInteger next = 0;
+  int depth = 0;
+  std::string param;
+  for (size_t i = begin; i < text.size() && depth >= 0; ++i) {
+    const char c = text[i];
+    depth += (c == '(' || c == '[') - (c == ')' || c == ']');
+    if ((c == ',' && depth == 0) || depth < 0) {
+      static const std::regex read_only("^\\s*(constant\\b|const\\s+device\\b|device\\s+const\\b)");
+      if (param.find_first_of("*&") != std::string::npos) {
+        arguments[next++] = std::regex_search(param, read_only) ? Access::kRead : Access::kWrite;
+      }
+      param.clear();
+    } else {
+      param += c;
+    }
+  }
+  return arguments;
 }
 
 struct HeapDescriptorState {
@@ -405,17 +437,20 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
 }
 - (void)setComputePipelineState:(id<MTLComputePipelineState>)pipeline {
   state<ComputeEncoderState>(self).function = state<PipelineState>(pipeline).function;
+  state<ComputeEncoderState>(self).arguments = state<PipelineState>(pipeline).arguments;
 }
 // Constant arguments are not buffers: the hazard detector has nothing to see.
 - (void)setBytes:(const void*)bytes length:(NSUInteger)length atIndex:(NSUInteger)index {
 }
 // The body is dispatchKernel()'s, else the one defineKernel() gave the
-// pipeline's function, else none.
+// pipeline's function, else none. A buffer counts as written unless the
+// pipeline's function declares its argument read-only.
 - (void)dispatchKernel {
   auto& s = state<ComputeEncoderState>(self);
   Kernel kernel;
   for (auto& [index, buffer] : s.bound) {
-    kernel.uses.emplace_back(bufferOf(buffer), Access::kWrite);
+    const auto declared = s.arguments.find(index);
+    kernel.uses.emplace_back(bufferOf(buffer), declared == s.arguments.end() ? Access::kWrite : declared->second);
   }
   kernel.body = std::move(s.next_body);
   s.next_body = nullptr;
@@ -664,6 +699,7 @@ SIM_OBJC_RETAIN_COUNT(LibraryState)
   SimMTLFunction* function = [SimMTLFunction alloc];
   state<FunctionState>(function).device = s.device;
   state<FunctionState>(function).name = wanted;
+  state<FunctionState>(function).arguments = s.arguments.at(wanted);
   return function;
 }
 @end
@@ -766,7 +802,9 @@ SIM_OBJC_RETAIN_COUNT(DeviceState)
   s.device = self;
   static const std::regex kernel("kernel\\s+void\\s+(\\w+)\\s*\\(");
   for (auto it = std::sregex_iterator(text.begin(), text.end(), kernel); it != std::sregex_iterator(); ++it) {
-    s.functions.push_back((*it)[1].str());
+    const std::string name = (*it)[1].str();
+    s.functions.push_back(name);
+    s.arguments[name] = argumentsOf(text, it->position() + it->length());
   }
   return library;
 }
@@ -775,6 +813,7 @@ SIM_OBJC_RETAIN_COUNT(DeviceState)
   SimMTLComputePipelineState* pipeline = [SimMTLComputePipelineState alloc];
   state<PipelineState>(pipeline).device = self;
   state<PipelineState>(pipeline).function = state<FunctionState>(function).name;
+  state<PipelineState>(pipeline).arguments = state<FunctionState>(function).arguments;
   return pipeline;
 }
 @end

@@ -57,7 +57,9 @@ void dispatchKernel(
 // `kernel void NAME(` of the source, and fails with
 // MTLLibraryErrorCompileFailure and MESSAGE for a source with a line
 // `#error MESSAGE`. A dispatch with the pipeline state of function NAME runs
-// the body defined for NAME, with the buffers bound in index order.
+// the body defined for NAME, with the buffers bound in index order; the
+// hazard detector counts a buffer as read if NAME declares its argument
+// `constant` or `const device`, else as written.
 using KernelBody = std::function<void(const std::vector<BufferPtr>& buffers)>;
 void defineKernel(const std::string& function, KernelBody body);
 // Calls of newLibraryWithSource: and newComputePipelineStateWithFunction:
