@@ -73,22 +73,30 @@ void BM_BufferAccess_NoHook(benchmark::State& state) {
 BENCHMARK(BM_BufferAccess_NoHook);
 
 // Lookup of the buffer's record plus the tracker's same-stream fast path,
-// for a buffer only its own stream uses, in the pass that used it last.
-void BM_BufferAccess_SameStreamHook(benchmark::State& state) {
+// for a buffer only its own stream uses, in the pass that used it last; every
+// use is `access` (a kernel's output, or an elementwise op's input).
+void sameStreamHook(benchmark::State& state, at::mps::Access access) {
   at::mps::DependencyTracker tracker;
   at::mps::BufferUseTable table;
   IdleStream stream;
   tracker.registerStream(stream);
   Buffers buffers;
   for (int i = 0; i < 16; ++i) { // first use of each takes the slow path
-    bench::trackedAccess(tracker, table, stream, buffers.next());
+    bench::trackedAccess(tracker, table, stream, buffers.next(), access);
   }
   for (auto _ : state) {
     void* p = buffers.next();
-    bench::trackedAccess(tracker, table, stream, p);
+    bench::trackedAccess(tracker, table, stream, p, access);
     benchmark::DoNotOptimize(p);
   }
 }
+void BM_BufferAccess_SameStreamHook(benchmark::State& state) {
+  sameStreamHook(state, at::mps::Access::kWrite);
+}
 BENCHMARK(BM_BufferAccess_SameStreamHook);
+void BM_BufferAccess_SameStreamHookRead(benchmark::State& state) {
+  sameStreamHook(state, at::mps::Access::kRead);
+}
+BENCHMARK(BM_BufferAccess_SameStreamHookRead);
 
 } // namespace

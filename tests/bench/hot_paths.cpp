@@ -32,8 +32,9 @@ void trackedAccess(
     at::mps::DependencyTracker& tracker,
     at::mps::BufferUseTable& table,
     at::mps::DependencyStream& stream,
-    void* buffer) {
-  tracker.useInPass(stream, table, buffer, at::mps::Access::kWrite);
+    void* buffer,
+    at::mps::Access access) {
+  tracker.useInPass(stream, table, buffer, access);
 }
 
 } // namespace bench

@@ -33,13 +33,14 @@ Stream* legacyGetCurrentStream();
 Stream* poolGetCurrentStream();
 
 // What getMTLBufferStorage() adds per buffer: nothing in v2.9.1; with the
-// patch, trackMPSBufferUseInPass(), which records the use (as a write, as
-// there).
+// patch, trackMPSBufferUseInPass(), which records the use with the access
+// its caller passes at run time.
 void untrackedAccess(void* buffer);
 void trackedAccess(
     at::mps::DependencyTracker& tracker,
     at::mps::BufferUseTable& table,
     at::mps::DependencyStream& stream,
-    void* buffer);
+    void* buffer,
+    at::mps::Access access);
 
 } // namespace bench

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -192,6 +193,139 @@ TEST_F(GlueTest, ElementwiseOpsOnManyStreamsAccumulateIntoOneTensor) {
   at::detail::getMPSHooks().deviceSynchronize();
   const int64_t* values = glue::words(glue::bufferOf(acc));
   EXPECT_EQ(std::count(values, values + kElements, kThreads * kAdds), kElements) << "acc[0] = " << values[0];
+}
+
+constexpr int64_t kWords = 16;
+
+// A tensor of kWords int64 words, all `value`, written by a kernel on the
+// calling thread's stream.
+at::Tensor filled(int64_t value) {
+  at::Tensor t = glue::mpsTensor(kWords);
+  glue::encodeKernel({glue::bufferOf(t)}, [b = sim::metal::bufferOf(glue::bufferOf(t)), value] {
+    std::fill_n(glue::words(*b), kWords, value);
+  });
+  return t;
+}
+
+// The body of glue_mul's kernel: out = a * b.
+void multiplyWords(const std::vector<sim::BufferPtr>& buffers) {
+  int64_t* out = glue::words(*buffers.at(0));
+  const int64_t* a = glue::words(*buffers.at(1));
+  const int64_t* b = glue::words(*buffers.at(2));
+  for (int64_t i = 0; i < kWords; ++i) {
+    out[i] = a[i] * b[i];
+  }
+}
+
+// out = a * b as an elementwise op does it (exec_binary_kernel), on the
+// calling thread's stream, committed.
+void multiply(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  static auto& library = processLifetime<MetalShaderLibrary>(
+      "kernel void glue_mul_dense_long_long(device long* out, constant long* a, constant long* b) {}\n");
+  auto iter = at::TensorIteratorConfig().add_output(out).add_const_input(a).add_const_input(b).build();
+  library.exec_binary_kernel(iter, "glue_mul");
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
+}
+
+// Runs `first` on one thread, then `second` on another once `first` has
+// returned. Both threads live until both are done, so each keeps a stream of
+// its own.
+void oneAfterTheOther(const std::function<void()>& first, const std::function<void()>& second) {
+  std::atomic<int> done{0};
+  glue::onThreads(2, [&](int t) {
+    if (t == 1) {
+      glue::eventually([&] { return done.load() == 1; });
+    }
+    (t == 0 ? first : second)();
+    done.fetch_add(1);
+    glue::eventually([&] { return done.load() == 2; });
+  });
+}
+
+int64_t trackerWaits() {
+  const at::mps::DependencyTracker& tracker = at::mps::getMPSDependencyTracker();
+  return tracker.cpuWaits() + tracker.gpuWaits() + tracker.commitWaits();
+}
+
+// Streams reading one tensor (a weight) through elementwise ops never wait
+// for each other: a TensorIterator's inputs are bound as reads. The second
+// stream's op completes while the first stream's kernel, which reads the
+// same tensor, is still running.
+TEST_F(GlueTest, StreamsReadingOneTensorThroughElementwiseOpsDoNotWaitForEachOther) {
+  std::atomic<int> dispatches{0};
+  std::atomic<bool> release{false};
+  std::atomic<bool> first_done{false};
+  sim::metal::defineKernel("glue_mul_dense_long_long", [&](const std::vector<sim::BufferPtr>& buffers) {
+    const bool first = dispatches.fetch_add(1) == 0;
+    if (first) {
+      glue::eventually([&] { return release.load(); });
+    }
+    multiplyWords(buffers);
+    if (first) {
+      first_done.store(true);
+    }
+  });
+  at::Tensor weight = filled(3), x0 = filled(1), x1 = filled(2), out0 = filled(0), out1 = filled(0);
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  const int64_t waits_before = trackerWaits();
+  bool first_was_running = false;
+  oneAfterTheOther([&] { multiply(out0, weight, x0); },
+                   [&] {
+                     glue::eventually([&] { return dispatches.load() == 1; });
+                     multiply(out1, weight, x1);
+                     at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+                     first_was_running = !first_done.load();
+                     release.store(true);
+                   });
+  at::detail::getMPSHooks().deviceSynchronize();
+  EXPECT_TRUE(first_was_running) << "the second op waited for the first one's kernel";
+  EXPECT_EQ(trackerWaits() - waits_before, 0);
+  EXPECT_EQ(glue::words(glue::bufferOf(out0))[kWords - 1], 3);
+  EXPECT_EQ(glue::words(glue::bufferOf(out1))[kWords - 1], 6);
+}
+
+// A TensorIterator input is still ordered after other streams' writes: the
+// op reads what a kernel of another stream, still running when the op binds
+// the tensor, wrote.
+TEST_F(GlueTest, ElementwiseOpInputWaitsForAnotherStreamsWrite) {
+  sim::metal::defineKernel("glue_mul_dense_long_long", multiplyWords);
+  at::Tensor weight = filled(0), x = filled(2), out = filled(0);
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  std::atomic<bool> reading{false};
+  oneAfterTheOther(
+      [&] {
+        glue::encodeKernel({glue::bufferOf(weight)}, [&, w = sim::metal::bufferOf(glue::bufferOf(weight))] {
+          glue::eventually([&] { return reading.load(); });
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          std::fill_n(glue::words(*w), kWords, 5);
+        });
+        at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
+      },
+      [&] {
+        reading.store(true);
+        multiply(out, weight, x);
+      });
+  at::detail::getMPSHooks().deviceSynchronize();
+  const int64_t* values = glue::words(glue::bufferOf(out));
+  EXPECT_EQ(std::count(values, values + kWords, 10), kWords) << "out[0] = " << values[0];
+}
+
+// A TensorIterator output waits for another stream's kernel that still reads
+// the tensor as an input: that kernel reads the old values.
+TEST_F(GlueTest, ElementwiseOpOutputWaitsForAnotherStreamsRead) {
+  std::atomic<int> dispatches{0};
+  sim::metal::defineKernel("glue_mul_dense_long_long", [&](const std::vector<sim::BufferPtr>& buffers) {
+    if (dispatches.fetch_add(1) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    multiplyWords(buffers);
+  });
+  at::Tensor weight = filled(3), x = filled(2), out = filled(0);
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  oneAfterTheOther([&] { multiply(out, weight, x); }, [&] { multiply(weight, x, x); });
+  at::detail::getMPSHooks().deviceSynchronize();
+  EXPECT_EQ(glue::words(glue::bufferOf(out))[0], 6) << "the read saw the later write";
+  EXPECT_EQ(glue::words(glue::bufferOf(weight))[0], 4);
 }
 
 } // namespace

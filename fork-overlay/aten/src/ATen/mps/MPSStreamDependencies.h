@@ -314,13 +314,14 @@ class TORCH_API DependencyTracker {
             uses != nullptr &&
             detail::sameTableAndKey(
                 uses->table_, uses->key_, table.id_, key))) {
-      // A read matches a recorded read or write; a write, a recorded write.
-      const uint64_t seen = uses->sole_.load(std::memory_order_acquire) |
-          (access == Access::kRead ? BufferUses::kWroteBit : 0);
+      // A write matches a recorded write; a read, a recorded read or write.
+      const uint64_t seen = uses->sole_.load(std::memory_order_acquire);
+      const uint64_t wrote = (consumer.openMark() << BufferUses::kMarkShift) |
+          consumer.writer_word_;
       if (C10_LIKELY(
-              seen ==
-              ((consumer.openMark() << BufferUses::kMarkShift) |
-               consumer.writer_word_))) {
+              seen == wrote ||
+              (access == Access::kRead &&
+               (seen | BufferUses::kWroteBit) == wrote))) {
         return;
       }
     }
