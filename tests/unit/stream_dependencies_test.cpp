@@ -363,6 +363,42 @@ TEST_F(DependencyTest, InPassHookRecordsAWriteOfALaterPassAtItsMark) {
   EXPECT_EQ(tracker_->gpuWaits(), 1u);
 }
 
+// The same for a read: the fast path matches a read to the open pass only,
+// so a read in a later pass is recorded at that pass's mark and a writer on
+// another stream waits for it.
+TEST_F(DependencyTest, InPassHookRecordsAReadOfALaterPassAtItsMark) {
+  makeStreams(2);
+  at::mps::BufferUseTable table;
+  auto x = tensor(3);
+  const void* key = x->buf.get();
+  std::atomic<int64_t> seen{-1};
+  const auto readOnStream0 = [&](SyncType sync) {
+    stream(0).serial([&](sim::Lifecycle& lc) {
+      sim::EncoderPtr enc = lc.commandEncoder();
+      tracker_->useInPass(stream(0), table, key, Access::kRead);
+      enc->dispatch({{{x->buf, sim::Access::kRead}}, [b = x->buf, &seen] {
+                       seen = b->read(0);
+                     }});
+      lc.synchronize(sync);
+    });
+  };
+  readOnStream0(SyncType::COMMIT_AND_WAIT);
+  stream(0).queue().pause();
+  readOnStream0(SyncType::COMMIT);
+  stream(1).serial([&](sim::Lifecycle& lc) {
+    tracker_->use(
+        stream(1), table.get(key), Access::kWrite, UseSite::kBeforeEncoding);
+    lc.commandEncoder()->dispatch(
+        {{{x->buf, sim::Access::kWrite}}, [b = x->buf] { b->write(0, 7); }});
+    lc.synchronize(SyncType::COMMIT);
+  });
+  stream(0).queue().resume();
+  stream(1).synchronize(SyncType::COMMIT_AND_WAIT);
+  EXPECT_EQ(seen.load(), 3); // the second read ran before the write
+  EXPECT_EQ(x->buf->read(0), 7);
+  EXPECT_EQ(tracker_->gpuWaits(), 1u);
+}
+
 // The hook's lookup cache is tagged by table: a use through a second table,
 // same stream, same buffer, same pass, is recorded in that table.
 TEST_F(DependencyTest, InPassHookKeepsTheUsesOfTwoTablesApart) {
