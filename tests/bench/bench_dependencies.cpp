@@ -1,7 +1,8 @@
 // Cost of cross-stream dependency tracking (Note [MPS cross-stream
 // dependencies]): a producer -> consumer thread pipeline with automatic
-// tracking against the explicit synchronize() a user would otherwise write.
-// The hook's same-stream fast path is timed in bench_hot_paths.
+// tracking against the explicit synchronize() a user would otherwise write,
+// and threads whose kernels read one shared tensor. The hook's same-stream
+// fast path is timed in bench_hot_paths.
 
 #include <benchmark/benchmark.h>
 
@@ -9,10 +10,13 @@
 
 #include <ATen/mps/MPSStreamDependencies.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -123,5 +127,72 @@ void BM_Pipeline_AutomaticTracking(benchmark::State& state) {
   runPipeline(state, true);
 }
 BENCHMARK(BM_Pipeline_AutomaticTracking)->UseRealTime();
+
+// Threads with streams of their own run ops that bind one shared weight and
+// an output of their own with the compute encoder open, as elementwise
+// kernels bind them (the in-pass hook), one op per pass, committed. The
+// kernel reads the weight; the hook records it as a read (a TensorIterator
+// input) or as a write (how every kernel binding used to be recorded, which
+// makes each op wait on the CPU for the other streams' kernels).
+void sharedWeight(benchmark::State& state, Access weight_access) {
+  constexpr int kOps = 32;
+  const int threads = static_cast<int>(state.range(0));
+  sim::Config c;
+  c.min_latency = c.max_latency = std::chrono::microseconds(100);
+  sim::Device device(c);
+  at::mps::DependencyTracker tracker;
+  at::mps::BufferUseTable table;
+  std::vector<std::unique_ptr<sim::SimStream>> streams;
+  std::vector<sim::BufferPtr> outs;
+  for (int t = 0; t < threads; ++t) {
+    streams.push_back(std::make_unique<sim::SimStream>(
+        device.newCommandQueue(), t + 1, false));
+    tracker.registerStream(*streams.back());
+    outs.push_back(device.newBuffer(1));
+  }
+  const sim::BufferPtr weight = device.newBuffer(1);
+  for (auto _ : state) {
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        sim::SimStream& s = *streams[t];
+        for (int i = 0; i < kOps; ++i) {
+          s.serial([&](sim::Lifecycle& lc) {
+            sim::EncoderPtr enc = lc.commandEncoder();
+            tracker.useInPass(s, table, weight.get(), weight_access);
+            tracker.useInPass(s, table, outs[t].get(), Access::kWrite);
+            enc->dispatch(
+                {{{weight, sim::Access::kRead}, {outs[t], sim::Access::kWrite}},
+                 nullptr});
+            lc.synchronize(SyncType::COMMIT);
+          });
+        }
+        s.synchronize(SyncType::COMMIT_AND_WAIT);
+      });
+    }
+    for (auto& w : workers) {
+      w.join();
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * threads * kOps);
+}
+
+void BM_SharedWeight_RecordedAsRead(benchmark::State& state) {
+  sharedWeight(state, Access::kRead);
+}
+BENCHMARK(BM_SharedWeight_RecordedAsRead)
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(16)
+    ->UseRealTime();
+
+void BM_SharedWeight_RecordedAsWrite(benchmark::State& state) {
+  sharedWeight(state, Access::kWrite);
+}
+BENCHMARK(BM_SharedWeight_RecordedAsWrite)
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(16)
+    ->UseRealTime();
 
 } // namespace
