@@ -20,7 +20,6 @@ bool resolveCommitAndContinue(
         "stream only).");
     enabled = env_value[0] == '1';
   }
-  // Signpost intervals and GPU capture need one command buffer per commit.
   return enabled && !profiler_needs_plain_commits;
 }
 

@@ -76,8 +76,7 @@ TORCH_API bool resolveCommitAndContinue(
 //   void commit(Buffer);
 //   void commitAndContinue(Buffer);             commits the root, stays open
 //   void addCompletedHandler(Buffer, CompletionHandler);  on the open root
-//   void signalTimeline(Buffer, uint64_t mark);   timeline signal, no
-//                                               encoder open
+//   void signalTimeline(Buffer, uint64_t mark); no encoder open
 //   void release(Buffer);
 //   bool lowWatermarkReached();                 for COMMIT_ADAPTIVE
 template <typename Ops>
@@ -104,10 +103,7 @@ class CommandBufferLifecycle {
     }
     waitForCommitPoint(last);
   }
-  CommandBufferLifecycle(const CommandBufferLifecycle&) = delete;
-  CommandBufferLifecycle& operator=(const CommandBufferLifecycle&) = delete;
 
-  // Handing out the buffer or encoder marks the stream dirty.
   Buffer commandBuffer() MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     dirty_ = pass_has_work_ = true;
@@ -157,10 +153,9 @@ class CommandBufferLifecycle {
         case SyncType::NONE:
           return;
         case SyncType::COMMIT_ADAPTIVE:
-          if (!ops_.lowWatermarkReached()) {
-            return;
+          if (ops_.lowWatermarkReached()) {
+            commitOpen(commit_and_continue_);
           }
-          commitOpen(commit_and_continue_);
           return;
         case SyncType::COMMIT:
           commitOpen(commit_and_continue_);
@@ -185,19 +180,16 @@ class CommandBufferLifecycle {
 
   void addCompletedHandler(CompletionHandler handler)
       MPS_EXCLUDES(mu_, timeline_mu_) {
+    uint64_t submitted = 0;
     {
       MutexLock lock(mu_);
       if (dirty_) {
         ops_.addCompletedHandler(buffer_, std::move(handler));
         return;
       }
-      MutexLock tl(timeline_mu_);
-      if (completed_ < committed_) {
-        deferred_[committed_].push_back(std::move(handler));
-        return;
-      }
+      submitted = lastCommitPoint();
     }
-    handler(CompletionStatus{}); // everything submitted has completed
+    addTimelineHandler(submitted, std::move(handler));
   }
 
   // Runs `handler` once commit point `point` has completed, inline if it has.
@@ -226,11 +218,8 @@ class CommandBufferLifecycle {
     MutexLock lock(mu_);
     return dirty_;
   }
-  // The mark the open pass will signal; stable in the serial section, where
-  // passes end. The atomic itself is for DependencyStream::bindOpenMark().
-  uint64_t openMark() const {
-    return open_mark_.load(std::memory_order_acquire);
-  }
+  // The mark the open pass will signal, for DependencyStream::bindOpenMark();
+  // stable in the serial section, where passes end.
   const std::atomic<uint64_t>& openMarkAtomic() const {
     return open_mark_;
   }
@@ -268,12 +257,6 @@ class CommandBufferLifecycle {
     }
   }
 
-  const Queue& queue() const {
-    return queue_;
-  }
-  Ops& ops() {
-    return ops_;
-  }
   const Ops& ops() const {
     return ops_;
   }

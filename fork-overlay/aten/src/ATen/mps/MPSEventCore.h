@@ -62,8 +62,6 @@ class StreamEvent {
   ~StreamEvent() {
     backend_->releaseEvent(handle_);
   }
-  StreamEvent(const StreamEvent&) = delete;
-  StreamEvent& operator=(const StreamEvent&) = delete;
 
   // Signals this event on `stream` after the work submitted to it so far.
   void record(Stream& stream, bool commit) MPS_EXCLUDES(mu_) {
@@ -121,14 +119,13 @@ class StreamEvent {
     if (!p.producer) {
       return;
     }
-    const uint64_t value = p.value;
     backend_->commit(*p.producer);
-    notifyCompletion(value, /*record_time=*/false);
+    notifyCompletion(p.value, /*record_time=*/false);
     // Whether Metal notifies a listener registered after the value was
     // reached is not documented, so the value is polled as well.
     std::shared_ptr<Completion> state = completion();
-    while (!state->waitFor(value, std::chrono::milliseconds(2))) {
-      if (backend_->signaledValue(handle_) >= value) {
+    while (!state->waitFor(p.value, std::chrono::milliseconds(2))) {
+      if (backend_->signaledValue(handle_) >= p.value) {
         return;
       }
     }

@@ -3,7 +3,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <vector>
 
 // A test build defines this hook to stop a thread right after the fast path
 // published the use of buffer `i` of an op: the point where a takeover by
@@ -108,9 +107,7 @@ void DependencyTracker::use(
           needs.end(),
           [](const Need& a, const Need& b) { return a.stream == b.stream; }),
       needs.end());
-  if (!needs.empty()) {
-    resolve(consumer, needs, site);
-  }
+  resolve(consumer, needs, site);
 }
 
 void DependencyTracker::useInPassSlow(
@@ -221,9 +218,6 @@ void DependencyTracker::record(
         need(s, buffer.reads_[s]);
       }
     }
-  }
-
-  if (access == Access::kWrite) {
     buffer.last_write_ = pack(me, point);
     buffer.wrote_at_[me] = point;
     buffer.reads_.fill(0);

@@ -92,15 +92,13 @@ namespace at::mps {
 enum class Access : uint8_t { kRead, kWrite };
 enum class UseSite : uint8_t { kBeforeEncoding, kInPass };
 
-// Per-buffer use record. Lives with the buffer (the allocator's block in
-// PyTorch); all members are private to the tracker.
+// Per-buffer use record (in PyTorch, BufferUseTable's entry for the
+// MTLBuffer); all members are private to the tracker.
 class TORCH_API BufferUses {
  public:
   BufferUses() = default;
   // The record of `key` in the table `table` (BufferUseTable's id).
   BufferUses(uint64_t table, const void* key) : table_(table), key_(key) {}
-  BufferUses(const BufferUses&) = delete;
-  BufferUses& operator=(const BufferUses&) = delete;
 
  private:
   friend class DependencyStream;
@@ -232,10 +230,6 @@ class DependencyStream {
 // stream); a miss takes one of 64 shard locks.
 class TORCH_API BufferUseTable {
  public:
-  BufferUseTable() = default;
-  BufferUseTable(const BufferUseTable&) = delete;
-  BufferUseTable& operator=(const BufferUseTable&) = delete;
-
   BufferUses& get(const void* key) {
     detail::TableCacheEntry& e = detail::tls_table_cache
         [detail::hashBufferKey(key) % detail::kTableCacheSize];
@@ -264,8 +258,6 @@ class TORCH_API BufferUseTable {
 
 class TORCH_API DependencyTracker {
  public:
-  DependencyTracker() = default;
-
   // Registers the stream of a pool slot (once, when it is created).
   void registerStream(DependencyStream& stream);
 

@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
-#include <string>
 #include <unordered_map>
 
 #include <pthread.h>
@@ -61,9 +60,7 @@ ExhaustionConfig parseExhaustionConfig(const char* value) {
 }
 
 StreamPoolOptions StreamPoolOptions::fromEnvironment() {
-  StreamPoolOptions options;
-  options.exhaustion = parseExhaustionConfig(std::getenv(kWaitTimeoutEnvVar));
-  return options;
+  return {parseExhaustionConfig(std::getenv(kWaitTimeoutEnvVar))};
 }
 
 bool isProcessMainThread() {
@@ -201,9 +198,7 @@ StreamIndex StreamSlotPool::currentIndexSlow() {
   checkNotForked();
   ThreadBindings::Binding& b = tls_bindings.find(*this);
   if (b.current < 0) {
-    const bool main_thread = options_.is_main_thread ? options_.is_main_thread()
-                                                     : isProcessMainThread();
-    if (main_thread) {
+    if (options_.is_main_thread()) {
       b.current = kDefaultStreamIndex;
     } else {
       const Acquired got = acquireWorkerSlot();

@@ -53,17 +53,9 @@ inline void checkStreamIndex(StreamIndex index) {
 
 // Note [MPS stream ids]
 // ~~~~~~~~~~~~~~~~~~~~~
-// A c10::Stream for MPS carries the pool slot index as its StreamId:
-//
-//   bit 63 .............................. 5 4 ........ 0
-//   |              always zero             | slot index |
-//
-// so id 0 is the default stream and the sign bit stays clear. Any other id is
-// rejected with an error that names it.
-constexpr int kStreamIdIndexBits = 5;
-static_assert(
-    kStreamsPerPool <= (1 << kStreamIdIndexBits),
-    "slot index must fit the StreamId index bits");
+// A c10::Stream for MPS carries the pool slot index as its StreamId, so id 0
+// is the default stream and ids are never negative. Any other id is rejected
+// with an error that names it.
 static_assert(kDefaultStreamIndex == 0, "id 0 must stay the default stream");
 
 TORCH_API int64_t streamIdFromIndex(StreamIndex index);
@@ -88,16 +80,15 @@ struct ExhaustionConfig {
 // integer >= -1 that fits in 32 bits, else an error naming the accepted forms.
 TORCH_API ExhaustionConfig parseExhaustionConfig(const char* value);
 
+TORCH_API bool isProcessMainThread();
+
 struct StreamPoolOptions {
   ExhaustionConfig exhaustion;
-  // Which thread starts on the default stream; unset: the process's main
-  // thread.
-  std::function<bool()> is_main_thread;
+  // Which thread starts on the default stream.
+  std::function<bool()> is_main_thread = isProcessMainThread;
 
   static StreamPoolOptions fromEnvironment();
 };
-
-TORCH_API bool isProcessMainThread();
 
 namespace detail {
 // The binding of the pool the calling thread used last, constant-initialized
@@ -127,8 +118,6 @@ class TORCH_API StreamSlotPool {
  public:
   explicit StreamSlotPool(StreamPoolOptions options);
   ~StreamSlotPool();
-  StreamSlotPool(const StreamSlotPool&) = delete;
-  StreamSlotPool& operator=(const StreamSlotPool&) = delete;
 
   // The calling thread's current slot; the first call on a non-main thread
   // leases a worker slot (or applies the exhaustion policy).
@@ -231,8 +220,6 @@ class StreamPool {
   // declared so that slots_ unregisters (and waits out any thread returning a
   // lease) before the streams are deleted, and the backend goes last.
   ~StreamPool() = default;
-  StreamPool(const StreamPool&) = delete;
-  StreamPool& operator=(const StreamPool&) = delete;
 
   StreamT& stream(StreamIndex index) {
     slots_.checkNotForked();
@@ -264,24 +251,17 @@ class StreamPool {
     slots_.releaseCurrentThreadSlot();
   }
 
-  // Calls fn(index, stream) for every stream created so far.
-  template <typename Fn>
-  void forEachCreatedStream(Fn&& fn) {
+  void synchronizeAll() {
     slots_.checkNotForked();
     for (StreamIndex i = 0; i < kStreamsPerPool; ++i) {
       if (StreamT* s = streams_[i].load(std::memory_order_acquire)) {
-        fn(i, *s);
+        backend_->synchronize(*s);
       }
     }
   }
 
-  void synchronizeAll() {
-    forEachCreatedStream(
-        [this](StreamIndex, StreamT& s) { backend_->synchronize(s); });
-  }
-
   bool isCreated(StreamIndex index) const {
-    return streams_.at(index).load(std::memory_order_acquire) != nullptr;
+    return streams_.slots.at(index).load(std::memory_order_acquire) != nullptr;
   }
   StreamSlotPool& slots() {
     return slots_;
@@ -320,9 +300,6 @@ class StreamPool {
     std::array<std::atomic<StreamT*>, kStreamsPerPool> slots{};
     std::atomic<StreamT*>& operator[](StreamIndex i) {
       return slots[i];
-    }
-    const std::atomic<StreamT*>& at(StreamIndex i) const {
-      return slots.at(i);
     }
     ~OwnedStreams() {
       for (auto& s : slots) {
