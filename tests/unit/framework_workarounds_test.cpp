@@ -137,7 +137,7 @@ TEST(
     GraphPathTest,
     DecisionCountsTheCallersStreamAndOthersThatEncodedRecently) {
   const auto t0 = StreamActivity::Clock::time_point{} + 3600s;
-  StreamActivity activity(1000ms);
+  StreamActivity activity;
   EXPECT_FALSE(preferGraphPath(GraphPathMode::kAuto, activity, 0, t0));
   EXPECT_TRUE(preferGraphPath(GraphPathMode::kForce, activity, 0, t0));
   activity.noteEncoding(5, t0 + 1ms); // a worker stream starts encoding

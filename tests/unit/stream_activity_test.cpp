@@ -22,7 +22,7 @@ const StreamActivity::Clock::time_point t0 =
     StreamActivity::Clock::time_point{} + 3600s;
 
 TEST(StreamActivityTest, CountsStreamsThatEncodedWithinTheWindow) {
-  StreamActivity activity(1000ms);
+  StreamActivity activity;
   EXPECT_EQ(activity.activeStreams(t0), 0);
   activity.noteEncoding(0, t0);
   activity.noteEncoding(3, t0 + 100ms);

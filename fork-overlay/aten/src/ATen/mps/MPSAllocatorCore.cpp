@@ -3,7 +3,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <utility>
 
@@ -28,10 +27,9 @@ namespace at::mps {
 // No allocator lock is held while calling StreamTimelines: stream calls may
 // take stream locks or wait for the GPU, and completion handlers take pool
 // locks, so holding a pool lock across one could deadlock. Backend calls run
-// under allocator locks (allocate and release under the pool's mutex, which
-// serialises them per pool; gpuReferenced under a pool or cache mutex;
-// onFree under the shard mutex) and must not call back into the allocator
-// or into streams.
+// under allocator locks (allocate and release under Pool::mu, gpuReferenced
+// under a pool or cache lock, onFree under Shard::mu) and must not call back
+// into the allocator or into streams.
 //
 // Statistics: device-memory counts are atomics (they change on the slow path
 // only). What the fast path changes (in-use bytes, malloc and free counts)
@@ -84,8 +82,7 @@ struct StreamsIn {
   }
 };
 
-// C++26's std::atomic<T>::fetch_max: raises `a` to `v`, returns the value
-// before.
+// C++26's std::atomic<T>::fetch_max: raises `a` to `v`, returns the old value.
 template <typename T>
 T fetchMax(std::atomic<T>& a, T v) {
   T cur = a.load(std::memory_order_relaxed);
@@ -117,8 +114,7 @@ void checkStream(StreamIndex stream) {
 }
 
 // Inserts `b`, reusing the node it was last extracted with.
-template <typename Set>
-void insertBlock(Set& set, Block* b) {
+void insertBlock(CachingAllocatorCore::BlockSet& set, Block* b) {
   if (b->node) {
     set.insert(std::move(b->node));
   } else {
@@ -143,9 +139,7 @@ Block* takeFit(Set& set, size_t size, size_t max_oversize, Usable&& usable) {
   return nullptr;
 }
 
-bool any(const Block*) {
-  return true;
-}
+constexpr auto any = [](const Block*) { return true; };
 
 } // namespace
 
@@ -303,7 +297,6 @@ AllocatorStats CachingAllocatorCore::stats() const {
   s.cache_hits = other_hits_.load();
   s.stream_steals = stream_steals_.load();
   s.device_allocs = device_allocs_.load();
-  s.mallocs = s.cache_hits + s.device_allocs;
   s.device_releases = device_releases_.load();
   s.gc_releases = gc_releases_.load();
   s.oom_retries = oom_retries_.load();
@@ -314,12 +307,12 @@ AllocatorStats CachingAllocatorCore::stats() const {
   for (const auto& p : pools_) {
     for (auto& cache : p->caches) {
       CacheLockGuard lock(cache.mu);
-      s.mallocs += cache.hits;
       s.cache_hits += cache.hits;
       s.frees += cache.frees;
       s.allocated_bytes += cache.allocated_bytes;
     }
   }
+  s.mallocs = s.cache_hits + s.device_allocs;
   return s;
 }
 
@@ -591,7 +584,6 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateBlock(
     }
   }
   if (pressure) {
-    // Releases the oldest cached blocks until back under the low watermark.
     if (const auto over = overLowWatermark()) {
       gc_releases_.fetch_add(releaseCompleted(p, *over, /*oldest_first=*/true));
     }

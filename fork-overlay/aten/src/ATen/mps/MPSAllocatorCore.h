@@ -281,8 +281,7 @@ class CachingAllocatorCore {
   // Waits for the work that cached blocks wait on, then releases every
   // cached block. Blocks freed while it runs may stay cached.
   void emptyCache();
-  // Moves pending blocks whose fences have completed to their pools' free
-  // sets.
+  // Moves pending blocks whose fences have completed to their pools' free sets.
   void resolvePending();
   // Device bytes at or above which pressure-aware pools collect garbage and
   // avoid oversized reuse; 0 disables it.

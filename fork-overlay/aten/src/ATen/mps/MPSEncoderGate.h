@@ -40,8 +40,6 @@ class TORCH_API EncoderLifecycleGate {
   // A gate in a fixed state, for tools and tests.
   explicit EncoderLifecycleGate(bool enabled)
       : switch_(nullptr), state_(enabled ? kOn : kOff) {}
-  EncoderLifecycleGate(const EncoderLifecycleGate&) = delete;
-  EncoderLifecycleGate& operator=(const EncoderLifecycleGate&) = delete;
 
   bool enabled() {
     const uint8_t state = state_.load(std::memory_order_relaxed);

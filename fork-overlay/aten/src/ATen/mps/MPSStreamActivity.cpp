@@ -7,7 +7,7 @@ int StreamActivity::activeStreams(Clock::time_point now) const {
   int active = 0;
   for (const Slot& slot : slots_) {
     const int64_t last = slot.last.load(std::memory_order_relaxed);
-    if (last != 0 && current - last < window_ms_) {
+    if (last != 0 && current - last < kWindowMs) {
       ++active;
     }
   }

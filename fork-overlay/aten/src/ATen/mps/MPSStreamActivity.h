@@ -2,7 +2,6 @@
 
 #include <ATen/mps/MPSStreamPool.h>
 #include <c10/macros/Export.h>
-#include <c10/util/Exception.h>
 
 #include <array>
 #include <atomic>
@@ -14,7 +13,7 @@ namespace at::mps {
 // Note [MPS active streams]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // Each stream calls noteEncoding(its pool slot) when it encodes;
-// activeStreams() counts the slots that did so within the last `window`.
+// activeStreams() counts the slots that did so within the last kWindowMs.
 // Encodes are counted rather than leases because a thread keeps its lease
 // while idle (thread pools), and because leases sit behind the pool mutex
 // while this is lock-free: a relaxed load and, at most once per millisecond,
@@ -23,15 +22,11 @@ namespace at::mps {
 // The count is a recent-past estimate, not a lock: a stream that starts
 // encoding just after a read is not in it, so decisions that must not overlap
 // other encoding also need a lock (the family locks of
-// Note [MPS Apple framework workarounds]). The 1 s default window spans the
+// Note [MPS Apple framework workarounds]). The 1 s window spans the
 // host-side pauses of a busy thread.
 class TORCH_API StreamActivity {
  public:
   using Clock = std::chrono::steady_clock;
-
-  constexpr explicit StreamActivity(
-      std::chrono::milliseconds window = std::chrono::milliseconds(1000))
-      : window_ms_(window.count()) {}
 
   void noteEncoding(StreamIndex index, Clock::time_point now = Clock::now()) {
     checkStreamIndex(index);
@@ -49,17 +44,14 @@ class TORCH_API StreamActivity {
  private:
   // Milliseconds on the steady clock, plus one so that 0 means "never".
   static int64_t stampOf(Clock::time_point t) {
-    using std::chrono::milliseconds;
-    return std::chrono::duration_cast<milliseconds>(t.time_since_epoch())
-               .count() +
-        1;
+    return t.time_since_epoch() / std::chrono::milliseconds(1) + 1;
   }
 
   struct alignas(64) Slot {
     std::atomic<int64_t> last{0};
   };
   std::array<Slot, kStreamsPerPool> slots_{};
-  const int64_t window_ms_;
+  static constexpr int64_t kWindowMs = 1000;
 };
 
 // The process-wide instance that MPS streams report to.

@@ -43,8 +43,7 @@ class MPS_THREAD_ANNOTATION(capability("mutex")) Mutex {
   std::mutex mutex_;
 };
 
-// Holds an annotated lock (a capability with lock() and unlock()) for its
-// scope.
+// Holds an annotated lock (a capability with lock()/unlock()) for its scope.
 template <typename Lock>
 class MPS_THREAD_ANNOTATION(scoped_lockable) ScopedLock {
  public:
