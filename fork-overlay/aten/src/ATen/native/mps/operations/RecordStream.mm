@@ -9,10 +9,8 @@
 namespace at::native {
 namespace {
 
-// Records that work queued on `stream` uses `self`'s memory: the MPS
-// allocator will not hand that memory out again until the work has completed
-// (see Note [MPS allocator cross-stream reuse]). As on CUDA, call it when a
-// tensor allocated on one stream is used on another, before it is freed.
+// As on CUDA, `self`'s memory is not reused before the work queued on `stream` has completed; see
+// Note [MPS allocator cross-stream reuse].
 void record_stream_mps(Tensor& self, c10::Stream stream) {
   TORCH_CHECK(stream.device_type() == c10::DeviceType::MPS,
               "record_stream: expected an MPS stream for an MPS tensor, got ",
