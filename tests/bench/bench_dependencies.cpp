@@ -134,7 +134,7 @@ BENCHMARK(BM_Pipeline_AutomaticTracking)->UseRealTime();
 // kernel reads the weight; the hook records it as a read (a TensorIterator
 // input) or as a write (how every kernel binding used to be recorded, which
 // makes each op wait on the CPU for the other streams' kernels).
-void sharedWeight(benchmark::State& state, Access weight_access) {
+void BM_SharedWeight(benchmark::State& state, Access weight_access) {
   constexpr int kOps = 32;
   const int threads = static_cast<int>(state.range(0));
   sim::Config c;
@@ -177,22 +177,12 @@ void sharedWeight(benchmark::State& state, Access weight_access) {
   state.SetItemsProcessed(state.iterations() * threads * kOps);
 }
 
-void BM_SharedWeight_RecordedAsRead(benchmark::State& state) {
-  sharedWeight(state, Access::kRead);
+void threadCounts(benchmark::internal::Benchmark* b) {
+  b->Arg(1)->Arg(4)->Arg(16)->UseRealTime();
 }
-BENCHMARK(BM_SharedWeight_RecordedAsRead)
-    ->Arg(1)
-    ->Arg(4)
-    ->Arg(16)
-    ->UseRealTime();
-
-void BM_SharedWeight_RecordedAsWrite(benchmark::State& state) {
-  sharedWeight(state, Access::kWrite);
-}
-BENCHMARK(BM_SharedWeight_RecordedAsWrite)
-    ->Arg(1)
-    ->Arg(4)
-    ->Arg(16)
-    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_SharedWeight, RecordedAsRead, Access::kRead)
+    ->Apply(threadCounts);
+BENCHMARK_CAPTURE(BM_SharedWeight, RecordedAsWrite, Access::kWrite)
+    ->Apply(threadCounts);
 
 } // namespace

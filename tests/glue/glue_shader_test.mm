@@ -152,6 +152,18 @@ TEST_F(GlueTest, CompiledShaderKernelsOnManyStreamsOrderTheirWritesToOneTensor) 
   EXPECT_EQ(glue::words(glue::bufferOf(counter))[0], kThreads * kIncrements);
 }
 
+constexpr int64_t kWords = 16;
+
+// A tensor of `words` int64 words, all `value`, written by a kernel on the
+// calling thread's stream.
+at::Tensor filled(int64_t value, int64_t words = kWords) {
+  at::Tensor t = glue::mpsTensor(words);
+  glue::encodeKernel({glue::bufferOf(t)}, [b = sim::metal::bufferOf(glue::bufferOf(t)), value, words] {
+    std::fill_n(glue::words(*b), words, value);
+  });
+  return t;
+}
+
 // Elementwise ops run through exec_binary_kernel: a TensorIterator over the
 // operands, the library's pipeline state looked up on every call, each
 // operand bound through the dependency hook. 8 threads with streams of their
@@ -173,13 +185,8 @@ TEST_F(GlueTest, ElementwiseOpsOnManyStreamsAccumulateIntoOneTensor) {
   });
   auto& library = processLifetime<MetalShaderLibrary>(
       "kernel void glue_add_dense_long_long(device long* out, constant long* a, constant long* b) {}\n");
-  at::Tensor acc = glue::mpsTensor(kElements);
-  at::Tensor one = glue::mpsTensor(kElements);
-  glue::encodeKernel({glue::bufferOf(acc), glue::bufferOf(one)},
-                     [a = sim::metal::bufferOf(glue::bufferOf(acc)), o = sim::metal::bufferOf(glue::bufferOf(one))] {
-                       std::fill_n(glue::words(*a), kElements, 0);
-                       std::fill_n(glue::words(*o), kElements, 1);
-                     });
+  at::Tensor acc = filled(0, kElements);
+  at::Tensor one = filled(1, kElements);
   at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
   constexpr int kThreads = 8;
   constexpr int kAdds = 10;
@@ -193,18 +200,6 @@ TEST_F(GlueTest, ElementwiseOpsOnManyStreamsAccumulateIntoOneTensor) {
   at::detail::getMPSHooks().deviceSynchronize();
   const int64_t* values = glue::words(glue::bufferOf(acc));
   EXPECT_EQ(std::count(values, values + kElements, kThreads * kAdds), kElements) << "acc[0] = " << values[0];
-}
-
-constexpr int64_t kWords = 16;
-
-// A tensor of kWords int64 words, all `value`, written by a kernel on the
-// calling thread's stream.
-at::Tensor filled(int64_t value) {
-  at::Tensor t = glue::mpsTensor(kWords);
-  glue::encodeKernel({glue::bufferOf(t)}, [b = sim::metal::bufferOf(glue::bufferOf(t)), value] {
-    std::fill_n(glue::words(*b), kWords, value);
-  });
-  return t;
 }
 
 // The body of glue_mul's kernel: out = a * b.

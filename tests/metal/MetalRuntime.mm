@@ -133,13 +133,19 @@ struct CompletedState {
 // shader declares it `constant` or `const device`, else written.
 using Arguments = std::map<NSUInteger, Access>;
 
+// A compiled function, as its MTLFunction, pipeline state and the encoder
+// that last set that pipeline carry it.
+struct KernelFunction {
+  std::string name;
+  Arguments arguments;
+};
+
 struct ComputeEncoderState {
   EncoderPtr encoder;
   id<MTLDevice> device = nil;
   std::map<NSUInteger, id<MTLBuffer>> bound; // retained while bound
   std::function<void()> next_body; // set by dispatchKernel()
-  std::string function; // of the pipeline state set last
-  Arguments arguments; // of the pipeline state set last
+  KernelFunction function; // of the pipeline state set last
   void unbindAll() {
     for (auto& [index, buffer] : bound) {
       [buffer release];
@@ -167,20 +173,17 @@ struct CompileOptionsState {
 
 struct LibraryState {
   id<MTLDevice> device = nil;
-  std::vector<std::string> functions;
-  std::map<std::string, Arguments> arguments;
+  std::map<std::string, Arguments> functions;
 };
 
 struct FunctionState {
   id<MTLDevice> device = nil;
-  std::string name;
-  Arguments arguments;
+  KernelFunction function;
 };
 
 struct PipelineState {
   id<MTLDevice> device = nil;
-  std::string function;
-  Arguments arguments;
+  KernelFunction function;
 };
 
 struct Compiler {
@@ -437,7 +440,6 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
 }
 - (void)setComputePipelineState:(id<MTLComputePipelineState>)pipeline {
   state<ComputeEncoderState>(self).function = state<PipelineState>(pipeline).function;
-  state<ComputeEncoderState>(self).arguments = state<PipelineState>(pipeline).arguments;
 }
 // Constant arguments are not buffers: the hazard detector has nothing to see.
 - (void)setBytes:(const void*)bytes length:(NSUInteger)length atIndex:(NSUInteger)index {
@@ -449,15 +451,16 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
   auto& s = state<ComputeEncoderState>(self);
   Kernel kernel;
   for (auto& [index, buffer] : s.bound) {
-    const auto declared = s.arguments.find(index);
-    kernel.uses.emplace_back(bufferOf(buffer), declared == s.arguments.end() ? Access::kWrite : declared->second);
+    const auto declared = s.function.arguments.find(index);
+    kernel.uses.emplace_back(bufferOf(buffer),
+                             declared == s.function.arguments.end() ? Access::kWrite : declared->second);
   }
   kernel.body = std::move(s.next_body);
   s.next_body = nullptr;
-  if (!kernel.body && !s.function.empty()) {
+  if (!kernel.body && !s.function.name.empty()) {
     Compiler& c = compiler();
     MutexLock lock(c.mu);
-    auto defined = c.kernels.find(s.function);
+    auto defined = c.kernels.find(s.function.name);
     if (defined != c.kernels.end()) {
       std::vector<BufferPtr> buffers; // bound in index order
       for (const auto& use : kernel.uses) {
@@ -670,7 +673,7 @@ SIM_OBJC_RETAIN_COUNT(FunctionState)
   return state<FunctionState>(self).device;
 }
 - (NSString*)name {
-  return [NSString stringWithUTF8String:state<FunctionState>(self).name.c_str()];
+  return [NSString stringWithUTF8String:state<FunctionState>(self).function.name.c_str()];
 }
 @end
 
@@ -685,7 +688,7 @@ SIM_OBJC_RETAIN_COUNT(LibraryState)
 }
 - (NSArray<NSString*>*)functionNames {
   NSMutableArray<NSString*>* names = [NSMutableArray array];
-  for (const std::string& name : state<LibraryState>(self).functions) {
+  for (const auto& [name, arguments] : state<LibraryState>(self).functions) {
     [names addObject:[NSString stringWithUTF8String:name.c_str()]];
   }
   return names;
@@ -693,13 +696,13 @@ SIM_OBJC_RETAIN_COUNT(LibraryState)
 - (id<MTLFunction>)newFunctionWithName:(NSString*)name {
   const auto& s = state<LibraryState>(self);
   const std::string wanted = [name UTF8String];
-  if (std::find(s.functions.begin(), s.functions.end(), wanted) == s.functions.end()) {
+  const auto found = s.functions.find(wanted);
+  if (found == s.functions.end()) {
     return nil;
   }
   SimMTLFunction* function = [SimMTLFunction alloc];
   state<FunctionState>(function).device = s.device;
-  state<FunctionState>(function).name = wanted;
-  state<FunctionState>(function).arguments = s.arguments.at(wanted);
+  state<FunctionState>(function).function = {wanted, found->second};
   return function;
 }
 @end
@@ -802,9 +805,7 @@ SIM_OBJC_RETAIN_COUNT(DeviceState)
   s.device = self;
   static const std::regex kernel("kernel\\s+void\\s+(\\w+)\\s*\\(");
   for (auto it = std::sregex_iterator(text.begin(), text.end(), kernel); it != std::sregex_iterator(); ++it) {
-    const std::string name = (*it)[1].str();
-    s.functions.push_back(name);
-    s.arguments[name] = argumentsOf(text, it->position() + it->length());
+    s.functions[(*it)[1].str()] = argumentsOf(text, it->position() + it->length());
   }
   return library;
 }
@@ -812,8 +813,7 @@ SIM_OBJC_RETAIN_COUNT(DeviceState)
   compiler().pipelines.fetch_add(1);
   SimMTLComputePipelineState* pipeline = [SimMTLComputePipelineState alloc];
   state<PipelineState>(pipeline).device = self;
-  state<PipelineState>(pipeline).function = state<FunctionState>(function).name;
-  state<PipelineState>(pipeline).arguments = state<FunctionState>(function).arguments;
+  state<PipelineState>(pipeline).function = state<FunctionState>(function).function;
   return pipeline;
 }
 @end
