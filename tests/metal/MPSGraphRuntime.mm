@@ -1,6 +1,7 @@
 // Stand-in for MPSGraph execution: graphs cannot be compiled or run here, so
 // every graph is one kernel that reads the buffers of its feeds and writes
-// those of its results (copying the first feed's bytes into each result),
+// those of its results (copying the first feed's bytes into each result, or
+// its elements converted when the result's data type differs, as a cast),
 // encoded in its own compute encoder pass as MPSGraph encodes. With
 // enableCommitAndContinue set, it then commits and continues the command
 // buffer, which MPSGraph may do for large graphs; here it always does, the
@@ -75,12 +76,51 @@ struct ExecutionDescriptorState {
   }
 };
 
-std::vector<sim::BufferPtr> buffersOf(MPSGraphTensorDataDictionary* dictionary) {
-  std::vector<sim::BufferPtr> buffers;
+// A feed or result of the stand-in kernel.
+struct Operand {
+  sim::BufferPtr buffer;
+  MPSDataType data_type;
+  size_t elements;
+};
+
+std::vector<Operand> operandsOf(MPSGraphTensorDataDictionary* dictionary) {
+  std::vector<Operand> operands;
   for (MPSGraphTensorData* data in [dictionary allValues]) {
-    buffers.push_back(sim::metal::bufferOf(state<TensorDataState>(data).buffer));
+    const auto& d = state<TensorDataState>(data);
+    size_t elements = 1;
+    for (NSNumber* n in d.shape) {
+      elements *= [n unsignedLongValue];
+    }
+    operands.push_back({sim::metal::bufferOf(d.buffer), d.data_type, elements});
   }
-  return buffers;
+  return operands;
+}
+
+// The element types the stand-in casts between.
+template <typename F>
+void visitElement(MPSDataType type, F&& f) {
+  switch (type) {
+    case MPSDataTypeInt32:
+      return f(int32_t{});
+    case MPSDataTypeInt64:
+      return f(int64_t{});
+    case MPSDataTypeFloat32:
+      return f(float{});
+    default:
+      std::fprintf(stderr, "simulated MPSGraph: no cast for data type %#x\n", static_cast<unsigned>(type));
+      std::abort();
+  }
+}
+
+void castElements(const Operand& in, const Operand& out) {
+  const size_t n = std::min(in.elements, out.elements);
+  visitElement(in.data_type, [&](auto from) {
+    visitElement(out.data_type, [&](auto to) {
+      const auto* src = reinterpret_cast<const decltype(from)*>(in.buffer->contents());
+      auto* dst = reinterpret_cast<decltype(to)*>(out.buffer->contents());
+      std::transform(src, src + n, dst, [](auto v) { return static_cast<decltype(to)>(v); });
+    });
+  });
 }
 
 } // namespace
@@ -171,6 +211,10 @@ SIM_OBJC_RETAIN_COUNT(GraphState)
   state<GraphState>(self).tensors.push_back(tensor);
   return tensor;
 }
+// The result's data type is all the stand-in kernel needs of a cast.
+- (MPSGraphTensor*)castTensor:(MPSGraphTensor*)tensor toType:(MPSDataType)type name:(NSString*)name {
+  return [self placeholderWithShape:state<TensorState>(tensor).shape dataType:type name:name];
+}
 - (void)encodeToCommandBuffer:(MPSCommandBuffer*)commandBuffer
                         feeds:(MPSGraphTensorDataDictionary*)feeds
              targetOperations:(NSArray<MPSGraphOperation*>*)targetOperations
@@ -182,21 +226,26 @@ SIM_OBJC_RETAIN_COUNT(GraphState)
     std::abort();
   }
   std::this_thread::sleep_for(kGraphEncodeTime);
-  const std::vector<sim::BufferPtr> inputs = buffersOf(feeds);
-  const std::vector<sim::BufferPtr> outputs = buffersOf(resultsDictionary);
+  const std::vector<Operand> inputs = operandsOf(feeds);
+  const std::vector<Operand> outputs = operandsOf(resultsDictionary);
   sim::Kernel kernel;
-  for (const auto& b : inputs) {
-    kernel.uses.emplace_back(b, sim::Access::kRead);
+  for (const auto& in : inputs) {
+    kernel.uses.emplace_back(in.buffer, sim::Access::kRead);
   }
-  for (const auto& b : outputs) {
-    kernel.uses.emplace_back(b, sim::Access::kWrite);
+  for (const auto& out : outputs) {
+    kernel.uses.emplace_back(out.buffer, sim::Access::kWrite);
   }
   kernel.body = [inputs, outputs] {
     if (inputs.empty()) {
       return;
     }
+    const Operand& in = inputs[0];
     for (const auto& out : outputs) {
-      std::memmove(out->contents(), inputs[0]->contents(), std::min(out->bytes(), inputs[0]->bytes()));
+      if (out.data_type == in.data_type) {
+        std::memmove(out.buffer->contents(), in.buffer->contents(), std::min(out.buffer->bytes(), in.buffer->bytes()));
+      } else {
+        castElements(in, out);
+      }
     }
   };
   sim::CommandBufferPtr buffer = sim::metal::commandBufferOf(commandBuffer);

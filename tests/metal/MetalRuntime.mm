@@ -8,6 +8,7 @@
 #include <ATen/mps/MPSThreadAnnotations.h>
 #include <Metal/Metal.h>
 #include <MetalPerformanceShaders/MetalPerformanceShaders.h>
+#include <mach/vm_page_size.h>
 
 #include <algorithm>
 #include <atomic>
@@ -292,6 +293,17 @@ SIM_OBJC_STATE(BufferState)
 }
 @end
 
+namespace {
+SimMTLBuffer* newSimBuffer(BufferPtr buffer, id<MTLDevice> device, MTLResourceOptions options) {
+  SimMTLBuffer* result = [SimMTLBuffer alloc];
+  auto& b = state<BufferState>(result);
+  b.buffer = std::move(buffer);
+  b.device = device;
+  b.storage_mode = (MTLStorageMode)((options >> MTLResourceStorageModeShift) & 0xf);
+  return result;
+}
+} // namespace
+
 @interface SimMTLHeap : NSObject<MTLHeap>
 @end
 
@@ -326,12 +338,7 @@ SIM_OBJC_RETAIN_COUNT(HeapState)
     buffer = device().newBuffer(0, length);
     s.buffers.emplace_back(buffer, size);
   }
-  SimMTLBuffer* result = [SimMTLBuffer alloc];
-  auto& b = state<BufferState>(result);
-  b.buffer = std::move(buffer);
-  b.device = s.device;
-  b.storage_mode = (MTLStorageMode)((options >> MTLResourceStorageModeShift) & 0xf);
-  return result;
+  return newSimBuffer(std::move(buffer), s.device, options);
 }
 - (MTLPurgeableState)setPurgeableState:(MTLPurgeableState)purgeable {
   auto& s = state<HeapState>(self);
@@ -777,6 +784,22 @@ SIM_OBJC_RETAIN_COUNT(DeviceState)
   s.size = size;
   s.storage_mode = descriptor.storageMode;
   return heap;
+}
+// A buffer over the caller's memory, which Metal requires to be a
+// page-aligned region; the caller keeps it alive (this stand-in takes no
+// deallocator).
+- (id<MTLBuffer>)newBufferWithBytesNoCopy:(void*)pointer
+                                   length:(NSUInteger)length
+                                  options:(MTLResourceOptions)options
+                              deallocator:(void (^)(void* pointer, NSUInteger length))deallocator {
+  if (pointer == nullptr || length == 0 || reinterpret_cast<uintptr_t>(pointer) % vm_page_size != 0 ||
+      length % vm_page_size != 0) {
+    fail("newBufferWithBytesNoCopy: of a region that is not page-aligned");
+  }
+  if (deallocator != nil) {
+    fail("newBufferWithBytesNoCopy: with a deallocator");
+  }
+  return newSimBuffer(device().newBuffer(0, length, static_cast<unsigned char*>(pointer)), self, options);
 }
 - (id<MTLSharedEvent>)newSharedEvent {
   SimMTLSharedEvent* event = [SimMTLSharedEvent alloc];

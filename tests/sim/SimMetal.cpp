@@ -9,18 +9,27 @@ namespace sim {
 
 // ---------------------------------------------------------------- Buffer
 
-Buffer::Buffer(Device* device, uint64_t id, size_t words, size_t bytes)
+Buffer::Buffer(
+    Device* device,
+    uint64_t id,
+    size_t words,
+    size_t bytes,
+    unsigned char* external)
     : device_(device),
       id_(id),
       words_(words),
       bytes_(bytes),
-      data_(new std::atomic<int64_t>[words]) {
+      data_(new std::atomic<int64_t>[words]),
+      external_(external) {
   for (size_t i = 0; i < words; ++i) {
     data_[i].store(0, std::memory_order_relaxed);
   }
 }
 
 unsigned char* Buffer::contents() {
+  if (external_ != nullptr) {
+    return external_;
+  }
   std::call_once(
       contents_once_, [this] { contents_.reset(new unsigned char[bytes_]()); });
   return contents_.get();
@@ -319,6 +328,11 @@ size_t Queue::uncompleted() const {
   return uncompleted_;
 }
 
+size_t Queue::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fifo_.size();
+}
+
 void Queue::run() {
   for (;;) {
     RootPtr root;
@@ -569,8 +583,12 @@ QueuePtr Device::newCommandQueue() {
   return q;
 }
 
-BufferPtr Device::newBuffer(size_t words, size_t bytes) {
-  return std::make_shared<Buffer>(this, next_id_.fetch_add(1), words, bytes);
+BufferPtr Device::newBuffer(
+    size_t words,
+    size_t bytes,
+    unsigned char* external) {
+  return std::make_shared<Buffer>(
+      this, next_id_.fetch_add(1), words, bytes, external);
 }
 
 SharedEventPtr Device::newSharedEvent() {

@@ -77,7 +77,14 @@ enum class Access { kRead, kWrite };
 // for the Objective-C face in tests/metal).
 class Buffer {
  public:
-  Buffer(Device* device, uint64_t id, size_t words, size_t bytes = 0);
+  // `external`: memory the buffer wraps instead of its own byte view, as
+  // newBufferWithBytesNoCopy: does; the caller keeps it alive.
+  Buffer(
+      Device* device,
+      uint64_t id,
+      size_t words,
+      size_t bytes = 0,
+      unsigned char* external = nullptr);
   uint64_t id() const {
     return id_;
   }
@@ -108,6 +115,7 @@ class Buffer {
   std::unique_ptr<std::atomic<int64_t>[]> data_;
   std::once_flag contents_once_;
   std::unique_ptr<unsigned char[]> contents_;
+  unsigned char* const external_;
 };
 using BufferPtr = std::shared_ptr<Buffer>;
 
@@ -256,6 +264,8 @@ class Queue {
   void pause();
   void resume();
   size_t uncompleted() const;
+  // Committed and not yet executing: all committed work while paused.
+  size_t pending() const;
 
  private:
   friend class CommandBuffer;
@@ -322,7 +332,10 @@ class Device {
 
   // nullptr when a queue-creation fault is armed.
   QueuePtr newCommandQueue();
-  BufferPtr newBuffer(size_t words, size_t bytes = 0);
+  BufferPtr newBuffer(
+      size_t words,
+      size_t bytes = 0,
+      unsigned char* external = nullptr);
   SharedEventPtr newSharedEvent();
 
   // Fault injection; the fixture resets these.

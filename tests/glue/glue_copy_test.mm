@@ -1,0 +1,61 @@
+// Copy.mm's copy of an MPS tensor into a CPU tensor of another dtype, which
+// casts through a cached MPSGraph straight into the CPU tensor's memory (a
+// no-copy MTLBuffer over it) and, when blocking, waits for the stream. The
+// simulated graph casts its feed's elements to the result's data type.
+
+#include "GlueTest.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/native/mps/Copy.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/StreamGuard.h>
+#include <mach/vm_page_size.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+
+namespace {
+
+using glue::GlueTest;
+
+constexpr int64_t kElements = 1000;
+
+// An int64 MPS tensor holding first, first + 1, ...
+at::Tensor mpsCounting(int64_t first) {
+  at::Tensor t = glue::mpsTensor(kElements);
+  int64_t* w = glue::words(glue::bufferOf(t));
+  for (int64_t i = 0; i < kElements; ++i) {
+    w[i] = first + i;
+  }
+  return t;
+}
+
+// An int32 CPU tensor over whole pages, so that Copy.mm casts into its
+// memory directly instead of through a blit.
+at::Tensor pageAlignedCpuInts() {
+  const size_t bytes = (kElements * sizeof(int32_t) + vm_page_size - 1) / vm_page_size * vm_page_size;
+  void* memory = std::aligned_alloc(vm_page_size, bytes);
+  return at::from_blob(
+      memory, {kElements}, [](void* p) { std::free(p); }, at::TensorOptions().dtype(at::kInt));
+}
+
+bool counts(const at::Tensor& cpu, int64_t first) {
+  const int32_t* v = cpu.const_data_ptr<int32_t>();
+  for (int64_t i = 0; i < kElements; ++i) {
+    if (v[i] != first + i) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A blocking copy returns with the cast values in the CPU tensor.
+TEST_F(GlueTest, BlockingCastCopyToTheCPUReturnsTheCastValues) {
+  at::Tensor src = mpsCounting(-500);
+  at::Tensor dst = pageAlignedCpuInts();
+  at::native::mps::mps_copy_(dst, src, /*non_blocking=*/false);
+  EXPECT_TRUE(counts(dst, -500)) << "dst[0] = " << dst.const_data_ptr<int32_t>()[0];
+}
+
+} // namespace
