@@ -58,4 +58,42 @@ TEST_F(GlueTest, BlockingCastCopyToTheCPUReturnsTheCastValues) {
   EXPECT_TRUE(counts(dst, -500)) << "dst[0] = " << dst.const_data_ptr<int32_t>()[0];
 }
 
+// Two streams' blocking copies with one cast graph: the second copy
+// completes while the first one's stream cannot finish. The first copy waits
+// for its stream after the graph's encode lock is released; holding the
+// lock through the wait would keep every other stream's copy of that dtype
+// pair waiting on this stream's work (Note [MPS graph and kernel caches]).
+TEST_F(GlueTest, BlockingCastCopyWaitsForItsStreamOutsideTheCastGraphsEncodeLock) {
+  at::Tensor src_a = mpsCounting(0), src_b = mpsCounting(7000);
+  at::Tensor dst_a = pageAlignedCpuInts(), dst_b = pageAlignedCpuInts();
+  at::mps::MPSStream* a = at::mps::getMPSStream(1);
+  at::mps::MPSStream* b = at::mps::getMPSStream(2);
+  sim::Queue& queue_a = sim::metal::queueOf(a->commandQueue());
+  queue_a.pause();
+  std::atomic<bool> a_done{false}, b_done{false};
+  bool a_encoded = false, b_done_while_a_waited = false, a_done_before_resume = false;
+  glue::onThreads(3, [&](int t) {
+    if (t == 0) {
+      c10::StreamGuard guard(a->unwrap());
+      at::native::mps::mps_copy_(dst_a, src_a, /*non_blocking=*/false);
+      a_done.store(true);
+    } else if (t == 1) {
+      a_encoded = glue::eventually([&] { return queue_a.pending() > 0; });
+      c10::StreamGuard guard(b->unwrap());
+      at::native::mps::mps_copy_(dst_b, src_b, /*non_blocking=*/false);
+      b_done.store(true);
+    } else {
+      glue::eventually([&] { return queue_a.pending() > 0; });
+      b_done_while_a_waited = glue::eventually([&] { return b_done.load(); }, std::chrono::seconds(5));
+      a_done_before_resume = a_done.load();
+      queue_a.resume();
+    }
+  });
+  EXPECT_TRUE(a_encoded);
+  EXPECT_TRUE(b_done_while_a_waited) << "the second copy waited for the first copy's stream";
+  EXPECT_FALSE(a_done_before_resume);
+  EXPECT_TRUE(counts(dst_a, 0));
+  EXPECT_TRUE(counts(dst_b, 7000));
+}
+
 } // namespace
