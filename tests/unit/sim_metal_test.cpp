@@ -194,6 +194,29 @@ TEST_F(SimMetalTest, EncodedBuffersAreRetainedUntilCompletion) {
   EXPECT_EQ(buf->retainCount(), 1);
 }
 
+TEST_F(SimMetalTest, BufferOverExternalMemoryReadsAndWritesThatMemory) {
+  int64_t memory[4] = {1, 2, 3, 4};
+  auto buf = device().newBuffer(
+      0, sizeof(memory), reinterpret_cast<unsigned char*>(memory));
+  EXPECT_EQ(reinterpret_cast<int64_t*>(buf->contents())[2], 3);
+  reinterpret_cast<int64_t*>(buf->contents())[0] = 9;
+  EXPECT_EQ(memory[0], 9);
+}
+
+TEST_F(SimMetalTest, PendingCountsCommittedWorkThatHasNotStarted) {
+  auto q = device().newCommandQueue();
+  q->pause();
+  auto a = q->makeCommandBuffer();
+  auto b = q->makeCommandBuffer();
+  EXPECT_EQ(q->pending(), 0u); // made, not committed
+  a->commit();
+  b->commit();
+  EXPECT_EQ(q->pending(), 2u);
+  q->resume();
+  b->waitUntilCompleted();
+  EXPECT_EQ(q->pending(), 0u);
+}
+
 TEST_F(SimMetalTest, MakeCommandBufferBlocksAtTheInflightCap) {
   config_.max_inflight = 2;
   SetUp();
