@@ -45,9 +45,10 @@ inline id<MTLBuffer> bufferOf(const at::Tensor& tensor) {
 // stream, checked by the hazard detector as it is handed out.
 c10::DataPtr allocated(size_t bytes);
 
-// A contiguous int64 MPS tensor over the MPS allocator, made without an ATen
-// op: the Linux wheel registers no MPS kernel but the ones this build links in.
-at::Tensor mpsTensor(int64_t elements);
+// A contiguous MPS tensor (int64 unless `dtype` says otherwise) over the MPS
+// allocator, made without an ATen op: the Linux wheel registers no MPS
+// kernel but the ones this build links in.
+at::Tensor mpsTensor(int64_t elements, at::ScalarType dtype = at::kLong);
 
 // The contents of `buffer` as int64 words: from the host, read only after
 // the work that writes them completed; in a kernel body, the GPU's view.

@@ -30,11 +30,13 @@ c10::DataPtr allocated(size_t bytes) {
   return data;
 }
 
-at::Tensor mpsTensor(int64_t elements) {
-  c10::Storage storage(
-      c10::Storage::use_byte_size_t(), elements * sizeof(int64_t), at::mps::getIMPSAllocator(), /*resizable=*/false);
+at::Tensor mpsTensor(int64_t elements, at::ScalarType dtype) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(),
+                       elements * c10::elementSize(dtype),
+                       at::mps::getIMPSAllocator(),
+                       /*resizable=*/false);
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::MPS), caffe2::TypeMeta::Make<int64_t>());
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::MPS), c10::scalarTypeToTypeMeta(dtype));
   t.unsafeGetTensorImpl()->set_sizes_contiguous({elements});
   return t;
 }

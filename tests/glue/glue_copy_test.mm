@@ -12,8 +12,10 @@
 #include <mach/vm_page_size.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <thread>
 
 namespace {
 
@@ -56,6 +58,37 @@ TEST_F(GlueTest, BlockingCastCopyToTheCPUReturnsTheCastValues) {
   at::Tensor dst = pageAlignedCpuInts();
   at::native::mps::mps_copy_(dst, src, /*non_blocking=*/false);
   EXPECT_TRUE(counts(dst, -500)) << "dst[0] = " << dst.const_data_ptr<int32_t>()[0];
+}
+
+// A cast copy between MPS tensors on stream B of a tensor that stream A's
+// kernel is still writing casts what that kernel wrote, with no event: the
+// copy records its buffers with the dependency tracker, through
+// getMTLBufferStorage() and, for its graph's feed and result (which are not
+// Placeholders), noteMPSGraphUse(). Either alone orders this read.
+TEST_F(GlueTest, CastCopyBetweenMPSTensorsRunsAfterAnotherStreamsWriteOfItsSource) {
+  at::Tensor src = mpsCounting(0);
+  at::Tensor dst = glue::mpsTensor(kElements, at::kInt);
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  at::mps::MPSStream* a = at::mps::getMPSStream(1);
+  at::mps::MPSStream* b = at::mps::getMPSStream(2);
+  {
+    c10::StreamGuard guard(a->unwrap());
+    glue::encodeKernel({glue::bufferOf(src)}, [w = glue::words(glue::bufferOf(src))] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (int64_t i = 0; i < kElements; ++i) {
+        w[i] = 3000 + i;
+      }
+    });
+    a->synchronize(at::mps::SyncType::COMMIT);
+  }
+  {
+    c10::StreamGuard guard(b->unwrap());
+    at::native::mps::mps_copy_(dst, src, /*non_blocking=*/true);
+    b->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  }
+  const int32_t* v = reinterpret_cast<const int32_t*>(sim::metal::bufferOf(glue::bufferOf(dst))->contents());
+  EXPECT_EQ(v[0], 3000);
+  EXPECT_EQ(v[kElements - 1], 3000 + kElements - 1);
 }
 
 // Two streams' blocking copies with one cast graph: the second copy
