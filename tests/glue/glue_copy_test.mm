@@ -42,6 +42,14 @@ at::Tensor pageAlignedCpuInts() {
       memory, {kElements}, [](void* p) { std::free(p); }, at::TensorOptions().dtype(at::kInt));
 }
 
+// Copy.mm's copy, in an autorelease pool as the tests' other ops are: it
+// makes its graph shapes before entering its own pool.
+void copy(at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  @autoreleasepool {
+    at::native::mps::mps_copy_(dst, src, non_blocking);
+  }
+}
+
 bool counts(const at::Tensor& cpu, int64_t first) {
   const int32_t* v = cpu.const_data_ptr<int32_t>();
   for (int64_t i = 0; i < kElements; ++i) {
@@ -56,7 +64,7 @@ bool counts(const at::Tensor& cpu, int64_t first) {
 TEST_F(GlueTest, BlockingCastCopyToTheCPUReturnsTheCastValues) {
   at::Tensor src = mpsCounting(-500);
   at::Tensor dst = pageAlignedCpuInts();
-  at::native::mps::mps_copy_(dst, src, /*non_blocking=*/false);
+  copy(dst, src, /*non_blocking=*/false);
   EXPECT_TRUE(counts(dst, -500)) << "dst[0] = " << dst.const_data_ptr<int32_t>()[0];
 }
 
@@ -83,7 +91,7 @@ TEST_F(GlueTest, CastCopyBetweenMPSTensorsRunsAfterAnotherStreamsWriteOfItsSourc
   }
   {
     c10::StreamGuard guard(b->unwrap());
-    at::native::mps::mps_copy_(dst, src, /*non_blocking=*/true);
+    copy(dst, src, /*non_blocking=*/true);
     b->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
   }
   const int32_t* v = reinterpret_cast<const int32_t*>(sim::metal::bufferOf(glue::bufferOf(dst))->contents());
@@ -108,12 +116,12 @@ TEST_F(GlueTest, BlockingCastCopyWaitsForItsStreamOutsideTheCastGraphsEncodeLock
   glue::onThreads(3, [&](int t) {
     if (t == 0) {
       c10::StreamGuard guard(a->unwrap());
-      at::native::mps::mps_copy_(dst_a, src_a, /*non_blocking=*/false);
+      copy(dst_a, src_a, /*non_blocking=*/false);
       a_done.store(true);
     } else if (t == 1) {
       a_encoded = glue::eventually([&] { return queue_a.pending() > 0; });
       c10::StreamGuard guard(b->unwrap());
-      at::native::mps::mps_copy_(dst_b, src_b, /*non_blocking=*/false);
+      copy(dst_b, src_b, /*non_blocking=*/false);
       b_done.store(true);
     } else {
       glue::eventually([&] { return queue_a.pending() > 0; });
