@@ -1,8 +1,9 @@
-// Stand-in for MPSGraph execution: graphs cannot be compiled or run here, so
-// every graph is one kernel that reads the buffers of its feeds and writes
-// those of its results (copying the first feed's bytes into each result, or
-// its elements converted when the result's data type differs, as a cast),
-// encoded in its own compute encoder pass as MPSGraph encodes. With
+// Stand-in for MPSGraph execution: every graph is one kernel that reads the
+// buffers of its feeds and writes those of its results, encoded in its own
+// compute encoder pass as MPSGraph encodes. The kernel evaluates, in double
+// precision, the few operations the stand-in implements (Note [simulated
+// MPSGraph operations]); a result that is a placeholder of its own gets the
+// first feed's bytes, which is all the tests' copy graphs need. With
 // enableCommitAndContinue set, it then commits and continues the command
 // buffer, which MPSGraph may do for large graphs; here it always does, the
 // case the stream's command-buffer bookkeeping finds hardest. Two threads
@@ -16,9 +17,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -46,9 +53,23 @@ struct GraphState {
 };
 constexpr std::chrono::microseconds kGraphEncodeTime{30};
 
+// Note [simulated MPSGraph operations]
+// Placeholders, scalar constants, casts, mean and variance over axes (the
+// reduced axes kept with size 1, as MPSGraph's reductions return them),
+// addition, subtraction and multiplication with NumPy-style broadcasting,
+// and the reciprocal square root. The variance divides by the element count:
+// v2.9.1's batch norm multiplies MPSGraph's variance by N / (N - 1) for the
+// unbiased running variance. Any other operation is an unrecognised
+// selector, which fails the test that reaches it.
+enum class Op { kPlaceholder, kConstant, kCast, kMean, kVariance, kAdd, kSub, kMul, kRsqrt };
+
 struct TensorState {
   MPSShape* shape = nil;
   MPSDataType data_type = MPSDataTypeInvalid;
+  Op op = Op::kPlaceholder;
+  std::vector<MPSGraphTensor*> inputs; // owned by the graph
+  std::vector<int64_t> axes;
+  double scalar = 0;
   ~TensorState() {
     [shape release];
   }
@@ -80,23 +101,27 @@ struct ExecutionDescriptorState {
 struct Operand {
   sim::BufferPtr buffer;
   MPSDataType data_type;
-  size_t elements;
+  std::vector<int64_t> shape;
 };
 
-std::vector<Operand> operandsOf(MPSGraphTensorDataDictionary* dictionary) {
-  std::vector<Operand> operands;
-  for (MPSGraphTensorData* data in [dictionary allValues]) {
-    const auto& d = state<TensorDataState>(data);
-    size_t elements = 1;
-    for (NSNumber* n in d.shape) {
-      elements *= [n unsignedLongValue];
-    }
-    operands.push_back({sim::metal::bufferOf(d.buffer), d.data_type, elements});
+std::vector<int64_t> dims(MPSShape* shape) {
+  std::vector<int64_t> out;
+  for (NSNumber* n in shape) {
+    out.push_back([n longLongValue]);
   }
-  return operands;
+  return out;
 }
 
-// The element types the stand-in casts between.
+int64_t count(const std::vector<int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+}
+
+[[noreturn]] void unsupported(const std::string& what) {
+  std::fprintf(stderr, "simulated MPSGraph: %s\n", what.c_str());
+  std::abort();
+}
+
+// The element types the stand-in reads and writes.
 template <typename F>
 void visitElement(MPSDataType type, F&& f) {
   switch (type) {
@@ -107,20 +132,213 @@ void visitElement(MPSDataType type, F&& f) {
     case MPSDataTypeFloat32:
       return f(float{});
     default:
-      std::fprintf(stderr, "simulated MPSGraph: no cast for data type %#x\n", static_cast<unsigned>(type));
-      std::abort();
+      unsupported("no elements of data type " + std::to_string(static_cast<unsigned>(type)));
   }
 }
 
-void castElements(const Operand& in, const Operand& out) {
-  const size_t n = std::min(in.elements, out.elements);
-  visitElement(in.data_type, [&](auto from) {
-    visitElement(out.data_type, [&](auto to) {
-      const auto* src = reinterpret_cast<const decltype(from)*>(in.buffer->contents());
-      auto* dst = reinterpret_cast<decltype(to)*>(out.buffer->contents());
-      std::transform(src, src + n, dst, [](auto v) { return static_cast<decltype(to)>(v); });
+struct Value {
+  std::vector<int64_t> shape;
+  std::vector<double> data;
+};
+
+// A graph as the kernel evaluates it, copied from the graph's tensors when
+// it is encoded: the kernel runs after the encode, when a graph that is not
+// cached may be gone.
+struct Program {
+  struct Node {
+    Op op;
+    MPSDataType data_type;
+    std::vector<int> inputs;
+    std::vector<int64_t> axes;
+    double scalar;
+    std::vector<int64_t> shape; // of a constant
+  };
+  std::vector<Node> nodes;
+  std::map<int, Operand> feeds;
+  std::vector<std::pair<int, Operand>> results;
+
+  int add(MPSGraphTensor* tensor, std::map<MPSGraphTensor*, int>& index) {
+    if (auto it = index.find(tensor); it != index.end()) {
+      return it->second;
+    }
+    const auto& t = state<TensorState>(tensor);
+    Node node{t.op, t.data_type, {}, t.axes, t.scalar, dims(t.shape)};
+    for (MPSGraphTensor* input : t.inputs) {
+      node.inputs.push_back(add(input, index));
+    }
+    nodes.push_back(std::move(node));
+    return index[tensor] = static_cast<int>(nodes.size()) - 1;
+  }
+
+  // Row-major strides of `shape` read as `to`'s trailing dimensions, 0 along
+  // the dimensions it broadcasts.
+  static std::vector<int64_t> broadcastStrides(const std::vector<int64_t>& shape, const std::vector<int64_t>& to) {
+    std::vector<int64_t> strides(to.size(), 0);
+    int64_t stride = 1;
+    for (size_t k = 0; k < shape.size(); ++k) {
+      const size_t d = shape.size() - 1 - k, o = to.size() - 1 - k;
+      if (shape[d] != 1 && shape[d] != to[o]) {
+        unsupported("shapes that do not broadcast");
+      }
+      strides[o] = shape[d] == 1 ? 0 : stride;
+      stride *= shape[d];
+    }
+    return strides;
+  }
+
+  // Visits every index of `shape` with the offset of that element in each of
+  // `strides`.
+  template <typename F>
+  static void forEach(const std::vector<int64_t>& shape, const std::vector<std::vector<int64_t>>& strides, F&& f) {
+    std::vector<int64_t> at(shape.size(), 0);
+    for (int64_t i = 0; i < count(shape); ++i) {
+      std::vector<int64_t> offsets(strides.size(), 0);
+      for (size_t s = 0; s < strides.size(); ++s) {
+        for (size_t d = 0; d < shape.size(); ++d) {
+          offsets[s] += at[d] * strides[s][d];
+        }
+      }
+      f(i, offsets);
+      for (size_t d = shape.size(); d-- > 0 && ++at[d] == shape[d];) {
+        at[d] = 0;
+      }
+    }
+  }
+
+  static Value read(const Operand& operand) {
+    Value v{operand.shape, std::vector<double>(count(operand.shape))};
+    visitElement(operand.data_type, [&](auto element) {
+      const auto* src = reinterpret_cast<const decltype(element)*>(operand.buffer->contents());
+      std::copy(src, src + v.data.size(), v.data.begin());
     });
-  });
+    return v;
+  }
+
+  static void write(const Value& v, const Operand& operand) {
+    visitElement(operand.data_type, [&](auto element) {
+      auto* dst = reinterpret_cast<decltype(element)*>(operand.buffer->contents());
+      std::transform(v.data.begin(), v.data.end(), dst, [](double x) { return static_cast<decltype(element)>(x); });
+    });
+  }
+
+  // Sums `x` (times `scale`) over `axes` into `sum`, shaped like `x` with
+  // those axes of size 1; `centre`, if given, is subtracted first and the
+  // difference squared.
+  static Value reduce(const Value& x, std::vector<int64_t> axes, const Value* centre) {
+    Value sum{x.shape, {}};
+    for (int64_t& a : axes) {
+      a = a < 0 ? a + static_cast<int64_t>(x.shape.size()) : a;
+      sum.shape.at(a) = 1;
+    }
+    sum.data.assign(count(sum.shape), 0.0);
+    const auto to_sum = broadcastStrides(sum.shape, x.shape);
+    forEach(x.shape, {broadcastStrides(x.shape, x.shape), to_sum}, [&](int64_t, const std::vector<int64_t>& o) {
+      const double d = centre ? x.data[o[0]] - centre->data[o[1]] : x.data[o[0]];
+      sum.data[o[1]] += centre ? d * d : d;
+    });
+    const double n = static_cast<double>(count(x.shape)) / static_cast<double>(count(sum.shape));
+    for (double& v : sum.data) {
+      v /= n;
+    }
+    return sum;
+  }
+
+  Value evaluate(int id, std::map<int, Value>& done) const {
+    if (auto it = done.find(id); it != done.end()) {
+      return it->second;
+    }
+    const Node& node = nodes[id];
+    std::vector<Value> in;
+    for (int input : node.inputs) {
+      in.push_back(evaluate(input, done));
+    }
+    Value out;
+    switch (node.op) {
+      case Op::kPlaceholder:
+        if (feeds.count(id) == 0) {
+          unsupported("a placeholder that is not fed");
+        }
+        out = read(feeds.at(id));
+        break;
+      case Op::kConstant:
+        out = {node.shape, std::vector<double>(count(node.shape), node.scalar)};
+        break;
+      case Op::kCast:
+        out = in[0];
+        visitElement(node.data_type, [&](auto element) {
+          for (double& v : out.data) {
+            v = static_cast<double>(static_cast<decltype(element)>(v));
+          }
+        });
+        break;
+      case Op::kMean:
+        out = reduce(in[0], node.axes, nullptr);
+        break;
+      case Op::kVariance:
+        out = reduce(in[0], node.axes, &in[1]);
+        break;
+      case Op::kRsqrt:
+        out = in[0];
+        for (double& v : out.data) {
+          v = 1.0 / std::sqrt(v);
+        }
+        break;
+      case Op::kAdd:
+      case Op::kSub:
+      case Op::kMul: {
+        const auto& a = in[0].shape;
+        const auto& b = in[1].shape;
+        out.shape.assign(std::max(a.size(), b.size()), 1);
+        for (size_t k = 0; k < out.shape.size(); ++k) {
+          const int64_t da = k < a.size() ? a[a.size() - 1 - k] : 1, db = k < b.size() ? b[b.size() - 1 - k] : 1;
+          out.shape[out.shape.size() - 1 - k] = std::max(da, db);
+        }
+        out.data.resize(count(out.shape));
+        forEach(out.shape,
+                {broadcastStrides(a, out.shape), broadcastStrides(b, out.shape)},
+                [&](int64_t i, const std::vector<int64_t>& o) {
+                  const double x = in[0].data[o[0]], y = in[1].data[o[1]];
+                  out.data[i] = node.op == Op::kAdd ? x + y : node.op == Op::kSub ? x - y : x * y;
+                });
+        break;
+      }
+    }
+    return done[id] = out;
+  }
+
+  void run() const {
+    std::map<int, Value> done;
+    for (const auto& [id, operand] : results) {
+      if (nodes[id].op == Op::kPlaceholder && feeds.count(id) == 0) {
+        if (!feeds.empty()) { // a result of its own: the first feed's bytes
+          const Operand& in = feeds.begin()->second;
+          std::memmove(
+              operand.buffer->contents(), in.buffer->contents(), std::min(operand.buffer->bytes(), in.buffer->bytes()));
+        }
+        continue;
+      }
+      write(evaluate(id, done), operand);
+    }
+  }
+};
+
+// A tensor of `graph` that `op` computes from `inputs`.
+MPSGraphTensor* newNode(MPSGraph* graph,
+                        Op op,
+                        std::vector<MPSGraphTensor*> inputs,
+                        MPSDataType dataType,
+                        NSArray<NSNumber*>* axes) {
+  MPSGraphTensor* tensor = [graph placeholderWithShape:nil dataType:dataType name:nil];
+  auto& t = state<TensorState>(tensor);
+  t.op = op;
+  t.inputs = std::move(inputs);
+  t.axes = dims(axes);
+  return tensor;
+}
+
+Operand operandOf(MPSGraphTensorData* data) {
+  const auto& d = state<TensorDataState>(data);
+  return {sim::metal::bufferOf(d.buffer), d.data_type, dims(d.shape)};
 }
 
 } // namespace
@@ -211,9 +429,42 @@ SIM_OBJC_RETAIN_COUNT(GraphState)
   state<GraphState>(self).tensors.push_back(tensor);
   return tensor;
 }
-// The result's data type is all the stand-in kernel needs of a cast.
+// The operations of Note [simulated MPSGraph operations].
 - (MPSGraphTensor*)castTensor:(MPSGraphTensor*)tensor toType:(MPSDataType)type name:(NSString*)name {
-  return [self placeholderWithShape:state<TensorState>(tensor).shape dataType:type name:name];
+  return newNode(self, Op::kCast, {tensor}, type, nil);
+}
+- (MPSGraphTensor*)constantWithScalar:(double)scalar shape:(MPSShape*)shape dataType:(MPSDataType)dataType {
+  MPSGraphTensor* tensor = [self placeholderWithShape:shape dataType:dataType name:nil];
+  state<TensorState>(tensor).op = Op::kConstant;
+  state<TensorState>(tensor).scalar = scalar;
+  return tensor;
+}
+- (MPSGraphTensor*)meanOfTensor:(MPSGraphTensor*)tensor axes:(NSArray<NSNumber*>*)axes name:(NSString*)name {
+  return newNode(self, Op::kMean, {tensor}, tensor.dataType, axes);
+}
+- (MPSGraphTensor*)varianceOfTensor:(MPSGraphTensor*)tensor
+                         meanTensor:(MPSGraphTensor*)meanTensor
+                               axes:(NSArray<NSNumber*>*)axes
+                               name:(NSString*)name {
+  return newNode(self, Op::kVariance, {tensor, meanTensor}, tensor.dataType, axes);
+}
+- (MPSGraphTensor*)reverseSquareRootWithTensor:(MPSGraphTensor*)tensor name:(NSString*)name {
+  return newNode(self, Op::kRsqrt, {tensor}, tensor.dataType, nil);
+}
+- (MPSGraphTensor*)additionWithPrimaryTensor:(MPSGraphTensor*)primaryTensor
+                             secondaryTensor:(MPSGraphTensor*)secondaryTensor
+                                        name:(NSString*)name {
+  return newNode(self, Op::kAdd, {primaryTensor, secondaryTensor}, primaryTensor.dataType, nil);
+}
+- (MPSGraphTensor*)subtractionWithPrimaryTensor:(MPSGraphTensor*)primaryTensor
+                                secondaryTensor:(MPSGraphTensor*)secondaryTensor
+                                           name:(NSString*)name {
+  return newNode(self, Op::kSub, {primaryTensor, secondaryTensor}, primaryTensor.dataType, nil);
+}
+- (MPSGraphTensor*)multiplicationWithPrimaryTensor:(MPSGraphTensor*)primaryTensor
+                                   secondaryTensor:(MPSGraphTensor*)secondaryTensor
+                                              name:(NSString*)name {
+  return newNode(self, Op::kMul, {primaryTensor, secondaryTensor}, primaryTensor.dataType, nil);
 }
 - (void)encodeToCommandBuffer:(MPSCommandBuffer*)commandBuffer
                         feeds:(MPSGraphTensorDataDictionary*)feeds
@@ -226,28 +477,20 @@ SIM_OBJC_RETAIN_COUNT(GraphState)
     std::abort();
   }
   std::this_thread::sleep_for(kGraphEncodeTime);
-  const std::vector<Operand> inputs = operandsOf(feeds);
-  const std::vector<Operand> outputs = operandsOf(resultsDictionary);
+  auto program = std::make_shared<Program>();
+  std::map<MPSGraphTensor*, int> index;
   sim::Kernel kernel;
-  for (const auto& in : inputs) {
+  for (MPSGraphTensor* tensor in feeds) {
+    const Operand in = operandOf([feeds objectForKey:tensor]);
     kernel.uses.emplace_back(in.buffer, sim::Access::kRead);
+    program->feeds.emplace(program->add(tensor, index), in);
   }
-  for (const auto& out : outputs) {
+  for (MPSGraphTensor* tensor in resultsDictionary) {
+    const Operand out = operandOf([resultsDictionary objectForKey:tensor]);
     kernel.uses.emplace_back(out.buffer, sim::Access::kWrite);
+    program->results.emplace_back(program->add(tensor, index), out);
   }
-  kernel.body = [inputs, outputs] {
-    if (inputs.empty()) {
-      return;
-    }
-    const Operand& in = inputs[0];
-    for (const auto& out : outputs) {
-      if (out.data_type == in.data_type) {
-        std::memmove(out.buffer->contents(), in.buffer->contents(), std::min(out.buffer->bytes(), in.buffer->bytes()));
-      } else {
-        castElements(in, out);
-      }
-    }
-  };
+  kernel.body = [program] { program->run(); };
   sim::CommandBufferPtr buffer = sim::metal::commandBufferOf(commandBuffer);
   sim::EncoderPtr encoder = buffer->computeEncoder();
   encoder->dispatch(std::move(kernel));
