@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""Copies one file-static function of an Objective-C++ file, with the file's
+includes, into a file of its own, where it has external linkage.
+
+  extract_function.py IN OUT NAMESPACE NAME
+
+The glue build cannot compile some op files whole (their object subscripting
+needs a runtime that GCC's is not), but it can compile a function of ours in
+them. The function's text is copied from its `static ... NAME(` line to the
+first line that is `}`, without the word `static`, inside `namespace
+NAMESPACE`; before it come the lines of IN up to its first `namespace`. One
+construct is spelled out as Apple's compiler does: an element assignment
+`D[KEY] = VALUE;` to a dictionary the function declares as
+`NSMutableDictionary* D` becomes `[D setObject:VALUE forKeyedSubscript:KEY];`.
+It fails unless it finds exactly one such function.
+"""
+
+import re
+import sys
+
+
+def main():
+    if len(sys.argv) != 5:
+        sys.exit(__doc__)
+    src, dst, namespace, name = sys.argv[1:]
+    with open(src, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    preamble = lines[: next(i for i, line in enumerate(lines) if line.startswith("namespace "))]
+    starts = [i for i, line in enumerate(lines) if re.match(rf"^static .*\b{re.escape(name)}\(", line)]
+    if len(starts) != 1:
+        sys.exit(f"{src}: {len(starts)} definitions of static {name}(), expected 1")
+    start = starts[0]
+    end = next(i for i in range(start, len(lines)) if lines[i] == "}")
+    body = [lines[start][len("static "):]] + lines[start + 1:end + 1]
+    for d in re.findall(r"NSMutableDictionary\* (\w+) =", "\n".join(body)):
+        assignment = re.compile(rf"^(\s*){d}\[(.+)\] = (.+);$")
+        body = [assignment.sub(r"\1[" + d + r" setObject:\3 forKeyedSubscript:\2];", line) for line in body]
+    with open(dst, "w", encoding="utf-8") as f:
+        f.write("\n".join(preamble + [f"namespace {namespace} {{"] + body + [f"}} // namespace {namespace}", ""]))
+
+
+if __name__ == "__main__":
+    main()
