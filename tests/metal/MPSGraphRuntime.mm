@@ -205,9 +205,18 @@ struct Program {
     }
   }
 
+  // A feed or result whose buffer is smaller than its shape, or a result
+  // whose shape holds another number of elements than its value, fails.
+  static void checkSize(const Operand& operand, size_t element_size, size_t elements) {
+    if (static_cast<size_t>(count(operand.shape)) != elements || operand.buffer->bytes() < elements * element_size) {
+      unsupported("a tensor data whose shape or buffer does not fit its value");
+    }
+  }
+
   static Value read(const Operand& operand) {
     Value v{operand.shape, std::vector<double>(count(operand.shape))};
     visitElement(operand.data_type, [&](auto element) {
+      checkSize(operand, sizeof(element), v.data.size());
       const auto* src = reinterpret_cast<const decltype(element)*>(operand.buffer->contents());
       std::copy(src, src + v.data.size(), v.data.begin());
     });
@@ -216,14 +225,15 @@ struct Program {
 
   static void write(const Value& v, const Operand& operand) {
     visitElement(operand.data_type, [&](auto element) {
+      checkSize(operand, sizeof(element), v.data.size());
       auto* dst = reinterpret_cast<decltype(element)*>(operand.buffer->contents());
       std::transform(v.data.begin(), v.data.end(), dst, [](double x) { return static_cast<decltype(element)>(x); });
     });
   }
 
-  // Sums `x` (times `scale`) over `axes` into `sum`, shaped like `x` with
-  // those axes of size 1; `centre`, if given, is subtracted first and the
-  // difference squared.
+  // The mean of `x` over `axes`, shaped like `x` with those axes of size 1;
+  // with `centre` (shaped like the mean), the mean of the squared
+  // differences from it: the population variance.
   static Value reduce(const Value& x, std::vector<int64_t> axes, const Value* centre) {
     Value sum{x.shape, {}};
     for (int64_t& a : axes) {
