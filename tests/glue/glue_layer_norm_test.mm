@@ -20,6 +20,8 @@
 #include <tuple>
 #include <vector>
 
+// Static in Normalization.mm; the build's copy of it (extract_function.py)
+// has external linkage.
 namespace at::native {
 std::tuple<Tensor, Tensor, Tensor> layer_norm_mps_graph(const Tensor& input,
                                                         const Tensor& weight,
@@ -44,8 +46,8 @@ TORCH_LIBRARY_IMPL(aten, MPS, m) {
 
 using glue::GlueTest;
 
-// An MPS float tensor shaped `shape` holding `cpu`'s values (undefined for
-// an undefined `cpu`).
+// An MPS float tensor with `cpu`'s shape and values (undefined for an
+// undefined `cpu`).
 at::Tensor toMPS(const at::Tensor& cpu) {
   if (!cpu.defined()) {
     return {};
