@@ -8,6 +8,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/mps/MPSStreamDependencies.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/native_layer_norm.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/view_native.h>
@@ -46,28 +47,33 @@ TORCH_LIBRARY_IMPL(aten, MPS, m) {
 
 using glue::GlueTest;
 
-// An MPS float tensor with `cpu`'s shape and values (undefined for an
+// An MPS tensor with `cpu`'s shape, dtype and values (undefined for an
 // undefined `cpu`).
 at::Tensor toMPS(const at::Tensor& cpu) {
   if (!cpu.defined()) {
     return {};
   }
-  at::Tensor t = glue::mpsTensor(cpu.numel(), at::kFloat).view(cpu.sizes());
-  std::memcpy(sim::metal::bufferOf(glue::bufferOf(t))->contents(), cpu.const_data_ptr<float>(), cpu.nbytes());
+  at::Tensor t = glue::mpsTensor(cpu.numel(), cpu.scalar_type()).view(cpu.sizes());
+  std::memcpy(sim::metal::bufferOf(glue::bufferOf(t))->contents(), cpu.const_data_ptr(), cpu.nbytes());
   return t;
 }
 
-std::vector<float> valuesOf(const at::Tensor& mps) {
-  const auto* v = reinterpret_cast<const float*>(sim::metal::bufferOf(glue::bufferOf(mps))->contents());
-  return {v, v + mps.numel()};
+// A CPU copy of an MPS tensor whose work completed.
+at::Tensor toCPU(const at::Tensor& mps) {
+  return at::from_blob(sim::metal::bufferOf(glue::bufferOf(mps))->contents(), mps.sizes(), mps.scalar_type()).clone();
 }
 
-void expectClose(const std::vector<float>& got, const at::Tensor& expected, const char* what) {
-  const at::Tensor e = expected.contiguous();
-  ASSERT_EQ(got.size(), static_cast<size_t>(e.numel())) << what;
-  const float* v = e.const_data_ptr<float>();
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], v[i], 1e-5 + 1e-5 * std::abs(v[i])) << what << "[" << i << "]";
+// Within 1e-5 in float32; within two units in the last place in float16,
+// where the CPU rounds its float32 result and the simulator its double one.
+void expectClose(const at::Tensor& got, const at::Tensor& expected, const char* what) {
+  ASSERT_EQ(got.scalar_type(), expected.scalar_type()) << what;
+  ASSERT_EQ(got.sizes(), expected.sizes()) << what;
+  const double tolerance = got.scalar_type() == at::kHalf ? 2e-3 : 1e-5;
+  const at::Tensor g = got.to(at::kFloat).contiguous(), e = expected.to(at::kFloat).contiguous();
+  const float* gv = g.const_data_ptr<float>();
+  const float* ev = e.const_data_ptr<float>();
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    ASSERT_NEAR(gv[i], ev[i], tolerance * (1 + std::abs(ev[i]))) << what << "[" << i << "]";
   }
 }
 
@@ -76,6 +82,7 @@ struct Case {
   int64_t normalized_ndim;
   bool weight, bias;
   double eps;
+  at::ScalarType dtype;
 };
 
 // layer_norm_mps_graph on the calling thread's stream, checked against the
@@ -91,40 +98,45 @@ void checkLayerNorm(const at::Tensor& cpu_input,
   const auto sizes = cpu_input.sizes();
   const std::vector<int64_t> batch(sizes.begin(), sizes.end() - normalized_ndim);
   at::Tensor input = toMPS(cpu_input);
-  at::Tensor out = glue::mpsTensor(cpu_input.numel(), at::kFloat).view(sizes);
-  at::Tensor mean = glue::mpsTensor(c10::multiply_integers(batch), at::kFloat).view(batch);
-  at::Tensor rstd = glue::mpsTensor(c10::multiply_integers(batch), at::kFloat).view(batch);
+  const at::ScalarType dtype = cpu_input.scalar_type();
+  at::Tensor out = glue::mpsTensor(cpu_input.numel(), dtype).view(sizes);
+  at::Tensor mean = glue::mpsTensor(c10::multiply_integers(batch), dtype).view(batch);
+  at::Tensor rstd = glue::mpsTensor(c10::multiply_integers(batch), dtype).view(batch);
   @autoreleasepool {
     at::native::layer_norm_mps_graph(input, weight, bias, normalized_ndim, static_cast<float>(eps), out, mean, rstd);
   }
   at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
   const auto [cpu_out, cpu_mean, cpu_rstd] =
       at::native_layer_norm(cpu_input, sizes.slice(sizes.size() - normalized_ndim), cpu_weight, cpu_bias, eps);
-  expectClose(valuesOf(out), cpu_out, "out");
-  expectClose(valuesOf(mean), cpu_mean, "mean");
-  expectClose(valuesOf(rstd), cpu_rstd, "rstd");
+  expectClose(toCPU(out), cpu_out, "out");
+  expectClose(toCPU(mean).view(cpu_mean.sizes()), cpu_mean, "mean");
+  expectClose(toCPU(rstd).view(cpu_rstd.sizes()), cpu_rstd, "rstd");
 }
 
 // The cases of test/test_mps_parallel.py's layer norm comparison: one or two
 // normalized dims, with and without affine parameters, a weight without a
-// bias and a bias without a weight, two epsilons.
+// bias and a bias without a weight, two epsilons; and float16, which the
+// graph computes in float32 and casts back.
 TEST_F(GlueTest, LayerNormGraphPathMatchesTheCPU) {
   const Case cases[] = {
-      {{4, 16, 64}, 1, true, true, 1e-5},
-      {{3, 8, 32}, 2, true, true, 1e-5},
-      {{2, 256}, 1, false, false, 1e-5},
-      {{8, 1024}, 1, true, true, 1e-3},
-      {{5, 48}, 1, true, false, 1e-5},
-      {{5, 48}, 1, false, true, 1e-5},
+      {{4, 16, 64}, 1, true, true, 1e-5, at::kFloat},
+      {{3, 8, 32}, 2, true, true, 1e-5, at::kFloat},
+      {{2, 256}, 1, false, false, 1e-5, at::kFloat},
+      {{8, 1024}, 1, true, true, 1e-3, at::kFloat},
+      {{5, 48}, 1, true, false, 1e-5, at::kFloat},
+      {{5, 48}, 1, false, true, 1e-5, at::kFloat},
+      {{4, 16, 64}, 1, true, true, 1e-5, at::kHalf},
+      {{3, 8, 32}, 2, false, true, 1e-5, at::kHalf},
   };
   at::manual_seed(0);
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "input " << at::IntArrayRef(c.shape) << ", " << c.normalized_ndim
-                                      << " normalized dims, weight " << c.weight << ", bias " << c.bias);
-    const at::Tensor x = at::randn(c.shape) * 3 + 1;
+                                      << " normalized dims, weight " << c.weight << ", bias " << c.bias << ", "
+                                      << c.dtype);
+    const at::Tensor x = (at::randn(c.shape) * 3 + 1).to(c.dtype);
     const auto normalized = at::IntArrayRef(c.shape).slice(c.shape.size() - c.normalized_ndim);
-    const at::Tensor w = c.weight ? at::randn(normalized) : at::Tensor();
-    const at::Tensor b = c.bias ? at::randn(normalized) : at::Tensor();
+    const at::Tensor w = c.weight ? at::randn(normalized).to(c.dtype) : at::Tensor();
+    const at::Tensor b = c.bias ? at::randn(normalized).to(c.dtype) : at::Tensor();
     checkLayerNorm(x, w, b, toMPS(w), toMPS(b), c.normalized_ndim, c.eps);
   }
 }

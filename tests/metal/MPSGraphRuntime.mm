@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,8 +60,10 @@ constexpr std::chrono::microseconds kGraphEncodeTime{30};
 // addition, subtraction and multiplication with NumPy-style broadcasting,
 // and the reciprocal square root. The variance divides by the element count:
 // v2.9.1's batch norm multiplies MPSGraph's variance by N / (N - 1) for the
-// unbiased running variance. Any other operation is an unrecognised
-// selector, which fails the test that reaches it.
+// unbiased running variance. Elements are int32, int64, float16 (rounded
+// to nearest even) or float32; a feed or result whose data type or element
+// count differs from its tensor's fails, as does any other operation (an
+// unrecognised selector).
 enum class Op { kPlaceholder, kConstant, kCast, kMean, kVariance, kAdd, kSub, kMul, kRsqrt };
 
 struct TensorState {
@@ -121,6 +124,40 @@ int64_t count(const std::vector<int64_t>& shape) {
   std::abort();
 }
 
+// An IEEE 754 binary16 element, converted from a double through float with
+// rounding to nearest even, as MPSGraph's casts to float16 round.
+class Half {
+ public:
+  Half() = default;
+  Half(double value) : bits_(fromFloat(static_cast<float>(value))) {}
+  operator double() const {
+    const int exponent = (bits_ >> 10) & 0x1f, mantissa = bits_ & 0x3ff;
+    const double magnitude = exponent == 0 ? std::ldexp(mantissa, -24)
+        : exponent == 31                   ? (mantissa != 0 ? NAN : INFINITY)
+                                           : std::ldexp(mantissa | 0x400, exponent - 25);
+    return (bits_ & 0x8000) != 0 ? -magnitude : magnitude;
+  }
+
+ private:
+  static uint16_t fromFloat(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, sizeof(x));
+    const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+    x &= 0x7fffffff;
+    if (x >= 0x7f800000) { // infinity, NaN
+      return sign | (x > 0x7f800000 ? 0x7e00 : 0x7c00);
+    }
+    if (x >= 0x477ff000) { // rounds beyond 65504
+      return sign | 0x7c00;
+    }
+    if (x < 0x38800000) { // below 2^-14: a subnormal, in units of 2^-24
+      return sign | static_cast<uint16_t>(std::nearbyint(std::fabs(f) * 16777216.0f));
+    }
+    return sign | static_cast<uint16_t>((x - 0x38000000 + 0xfff + ((x >> 13) & 1)) >> 13);
+  }
+  uint16_t bits_ = 0;
+};
+
 // The element types the stand-in reads and writes.
 template <typename F>
 void visitElement(MPSDataType type, F&& f) {
@@ -129,6 +166,8 @@ void visitElement(MPSDataType type, F&& f) {
       return f(int32_t{});
     case MPSDataTypeInt64:
       return f(int64_t{});
+    case MPSDataTypeFloat16:
+      return f(Half{});
     case MPSDataTypeFloat32:
       return f(float{});
     default:
@@ -265,8 +304,8 @@ struct Program {
     Value out;
     switch (node.op) {
       case Op::kPlaceholder:
-        if (feeds.count(id) == 0) {
-          unsupported("a placeholder that is not fed");
+        if (feeds.count(id) == 0 || feeds.at(id).data_type != node.data_type) {
+          unsupported("a placeholder that is not fed data of its type");
         }
         out = read(feeds.at(id));
         break;
@@ -326,6 +365,9 @@ struct Program {
               operand.buffer->contents(), in.buffer->contents(), std::min(operand.buffer->bytes(), in.buffer->bytes()));
         }
         continue;
+      }
+      if (nodes[id].data_type != operand.data_type) {
+        unsupported("a result whose data is not of its tensor's type");
       }
       write(evaluate(id, done), operand);
     }
