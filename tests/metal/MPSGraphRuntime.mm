@@ -280,10 +280,9 @@ struct Program {
       sum.shape.at(a) = 1;
     }
     sum.data.assign(count(sum.shape), 0.0);
-    const auto to_sum = broadcastStrides(sum.shape, x.shape);
-    forEach(x.shape, {broadcastStrides(x.shape, x.shape), to_sum}, [&](int64_t, const std::vector<int64_t>& o) {
-      const double d = centre ? x.data[o[0]] - centre->data[o[1]] : x.data[o[0]];
-      sum.data[o[1]] += centre ? d * d : d;
+    forEach(x.shape, {broadcastStrides(sum.shape, x.shape)}, [&](int64_t i, const std::vector<int64_t>& o) {
+      const double d = centre ? x.data[i] - centre->data[o[0]] : x.data[i];
+      sum.data[o[0]] += centre ? d * d : d;
     });
     const double n = static_cast<double>(count(x.shape)) / static_cast<double>(count(sum.shape));
     for (double& v : sum.data) {
@@ -292,14 +291,15 @@ struct Program {
     return sum;
   }
 
-  Value evaluate(int id, std::map<int, Value>& done) const {
+  // Each node's value once, kept in `done` (whose elements never move).
+  const Value& evaluate(int id, std::map<int, Value>& done) const {
     if (auto it = done.find(id); it != done.end()) {
       return it->second;
     }
     const Node& node = nodes[id];
-    std::vector<Value> in;
+    std::vector<const Value*> in;
     for (int input : node.inputs) {
-      in.push_back(evaluate(input, done));
+      in.push_back(&evaluate(input, done));
     }
     Value out;
     switch (node.op) {
@@ -313,7 +313,7 @@ struct Program {
         out = {node.shape, std::vector<double>(count(node.shape), node.scalar)};
         break;
       case Op::kCast:
-        out = in[0];
+        out = *in[0];
         visitElement(node.data_type, [&](auto element) {
           for (double& v : out.data) {
             v = static_cast<double>(static_cast<decltype(element)>(v));
@@ -321,13 +321,13 @@ struct Program {
         });
         break;
       case Op::kMean:
-        out = reduce(in[0], node.axes, nullptr);
+        out = reduce(*in[0], node.axes, nullptr);
         break;
       case Op::kVariance:
-        out = reduce(in[0], node.axes, &in[1]);
+        out = reduce(*in[0], node.axes, in[1]);
         break;
       case Op::kRsqrt:
-        out = in[0];
+        out = *in[0];
         for (double& v : out.data) {
           v = 1.0 / std::sqrt(v);
         }
@@ -335,8 +335,8 @@ struct Program {
       case Op::kAdd:
       case Op::kSub:
       case Op::kMul: {
-        const auto& a = in[0].shape;
-        const auto& b = in[1].shape;
+        const auto& a = in[0]->shape;
+        const auto& b = in[1]->shape;
         out.shape.assign(std::max(a.size(), b.size()), 1);
         for (size_t k = 0; k < out.shape.size(); ++k) {
           const int64_t da = k < a.size() ? a[a.size() - 1 - k] : 1, db = k < b.size() ? b[b.size() - 1 - k] : 1;
@@ -346,13 +346,13 @@ struct Program {
         forEach(out.shape,
                 {broadcastStrides(a, out.shape), broadcastStrides(b, out.shape)},
                 [&](int64_t i, const std::vector<int64_t>& o) {
-                  const double x = in[0].data[o[0]], y = in[1].data[o[1]];
+                  const double x = in[0]->data[o[0]], y = in[1]->data[o[1]];
                   out.data[i] = node.op == Op::kAdd ? x + y : node.op == Op::kSub ? x - y : x * y;
                 });
         break;
       }
     }
-    return done[id] = out;
+    return done[id] = std::move(out);
   }
 
   void run() const {
