@@ -75,6 +75,9 @@ void encodeSlowUseOn(const c10::Stream& s, id<MTLBuffer> buffer);
 void encodeIncrement(id<MTLBuffer> buffer);
 void encodeCopy(id<MTLBuffer> src, id<MTLBuffer> dst);
 
+// The waits the dependency tracker has made so far, of every kind.
+int64_t trackerWaits();
+
 // Runs fn(0) .. fn(n - 1) on n threads at once and joins them.
 void onThreads(int n, const std::function<void(int)>& fn);
 

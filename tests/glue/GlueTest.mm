@@ -86,6 +86,11 @@ void encodeCopy(id<MTLBuffer> src, id<MTLBuffer> dst) {
   encodeKernel({src, dst}, [s, d] { std::memmove(d->contents(), s->contents(), std::min(s->bytes(), d->bytes())); });
 }
 
+int64_t trackerWaits() {
+  const at::mps::DependencyTracker& tracker = at::mps::getMPSDependencyTracker();
+  return tracker.cpuWaits() + tracker.gpuWaits() + tracker.commitWaits();
+}
+
 void onThreads(int n, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;
   threads.reserve(n);

@@ -7,7 +7,6 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/mps/MPSStreamDependencies.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/native_layer_norm.h>
 #include <ATen/ops/randn.h>
@@ -153,14 +152,13 @@ TEST_F(GlueTest, LayerNormGraphPathOnManyStreamsSharesItsWeightWithoutWaits) {
   for (int t = 0; t < 8; ++t) {
     inputs.push_back(at::randn({4, 16, 64}) * (t + 1));
   }
-  const at::mps::DependencyTracker& tracker = at::mps::getMPSDependencyTracker();
-  const int64_t waits_before = tracker.cpuWaits() + tracker.gpuWaits() + tracker.commitWaits();
+  const int64_t waits_before = glue::trackerWaits();
   glue::onThreads(8, [&](int t) {
     for (int r = 0; r < 5; ++r) {
       checkLayerNorm(inputs[t], cpu_weight, cpu_bias, weight, bias, 1, 1e-5);
     }
   });
-  EXPECT_EQ(tracker.cpuWaits() + tracker.gpuWaits() + tracker.commitWaits(), waits_before);
+  EXPECT_EQ(glue::trackerWaits(), waits_before);
 }
 
 } // namespace

@@ -237,11 +237,6 @@ void oneAfterTheOther(const std::function<void()>& first, const std::function<vo
   });
 }
 
-int64_t trackerWaits() {
-  const at::mps::DependencyTracker& tracker = at::mps::getMPSDependencyTracker();
-  return tracker.cpuWaits() + tracker.gpuWaits() + tracker.commitWaits();
-}
-
 // Streams reading one tensor (a weight) through elementwise ops never wait
 // for each other: a TensorIterator's inputs are bound as reads. The second
 // stream's op completes while the first stream's kernel, which reads the
@@ -262,7 +257,7 @@ TEST_F(GlueTest, StreamsReadingOneTensorThroughElementwiseOpsDoNotWaitForEachOth
   });
   at::Tensor weight = filled(3), x0 = filled(1), x1 = filled(2), out0 = filled(0), out1 = filled(0);
   at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
-  const int64_t waits_before = trackerWaits();
+  const int64_t waits_before = glue::trackerWaits();
   bool first_was_running = false;
   oneAfterTheOther([&] { multiply(out0, weight, x0); },
                    [&] {
@@ -274,7 +269,7 @@ TEST_F(GlueTest, StreamsReadingOneTensorThroughElementwiseOpsDoNotWaitForEachOth
                    });
   at::detail::getMPSHooks().deviceSynchronize();
   EXPECT_TRUE(first_was_running) << "the second op waited for the first one's kernel";
-  EXPECT_EQ(trackerWaits() - waits_before, 0);
+  EXPECT_EQ(glue::trackerWaits() - waits_before, 0);
   EXPECT_EQ(glue::words(glue::bufferOf(out0))[kWords - 1], 3);
   EXPECT_EQ(glue::words(glue::bufferOf(out1))[kWords - 1], 6);
 }
