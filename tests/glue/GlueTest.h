@@ -50,6 +50,19 @@ c10::DataPtr allocated(size_t bytes);
 // kernel but the ones this build links in.
 at::Tensor mpsTensor(int64_t elements, at::ScalarType dtype = at::kLong);
 
+// An MPS tensor with `cpu`'s shape, dtype and values (undefined for an
+// undefined `cpu`), and a CPU copy of an MPS tensor whose work completed.
+at::Tensor toMPS(const at::Tensor& cpu);
+at::Tensor toCPU(const at::Tensor& mps);
+
+// Requires `got` to have `expected`'s dtype and shape and its values within
+// 1e-5 in float32, and within two units in the last place in float16, where
+// the CPU rounds its float32 result and the simulator its double one.
+void expectClose(
+    const at::Tensor& got,
+    const at::Tensor& expected,
+    const char* what);
+
 // The contents of `buffer` as int64 words: from the host, read only after
 // the work that writes them completed; in a kernel body, the GPU's view.
 int64_t* words(sim::Buffer& buffer);

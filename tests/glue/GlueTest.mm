@@ -1,11 +1,57 @@
 #include "GlueTest.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/mps/MPSAllocatorInterface.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/view_native.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/core/SymIntArrayRef.h>
 #include <c10/core/TensorImpl.h>
 #include <dispatch/dispatch.h>
+#include <torch/library.h>
 
+#include <cmath>
 #include <cstring>
+
+namespace {
+
+// The MPS kernels of the ATen ops that the ops the glue builds call, which
+// the Linux wheel does not register: a new output, and views of it.
+at::Tensor emptyMPS(c10::SymIntArrayRef size,
+                    std::optional<at::ScalarType> dtype,
+                    std::optional<at::Layout> layout,
+                    std::optional<at::Device> device,
+                    std::optional<bool> pin_memory,
+                    std::optional<at::MemoryFormat> memory_format) {
+  return at::detail::empty_generic(C10_AS_INTARRAYREF_SLOW(size),
+                                   at::mps::getIMPSAllocator(),
+                                   c10::DispatchKeySet(c10::DispatchKey::MPS),
+                                   dtype.value_or(at::kFloat),
+                                   memory_format);
+}
+
+at::Tensor viewMPS(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+}
+
+at::Tensor asStridedMPS(const at::Tensor& self,
+                        c10::SymIntArrayRef size,
+                        c10::SymIntArrayRef stride,
+                        std::optional<c10::SymInt> storage_offset) {
+  return at::native::as_strided_tensorimpl(self,
+                                           C10_AS_INTARRAYREF_SLOW(size),
+                                           C10_AS_INTARRAYREF_SLOW(stride),
+                                           storage_offset ? std::optional(storage_offset->expect_int()) : std::nullopt);
+}
+
+TORCH_LIBRARY_IMPL(aten, MPS, m) {
+  m.impl("empty.memory_format", TORCH_FN(emptyMPS));
+  m.impl("view", TORCH_FN(viewMPS));
+  m.impl("as_strided", TORCH_FN(asStridedMPS));
+}
+
+} // namespace
 
 namespace glue {
 
@@ -39,6 +85,31 @@ at::Tensor mpsTensor(int64_t elements, at::ScalarType dtype) {
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::MPS), c10::scalarTypeToTypeMeta(dtype));
   t.unsafeGetTensorImpl()->set_sizes_contiguous({elements});
   return t;
+}
+
+at::Tensor toMPS(const at::Tensor& cpu) {
+  if (!cpu.defined()) {
+    return {};
+  }
+  at::Tensor t = mpsTensor(cpu.numel(), cpu.scalar_type()).view(cpu.sizes());
+  std::memcpy(sim::metal::bufferOf(bufferOf(t))->contents(), cpu.const_data_ptr(), cpu.nbytes());
+  return t;
+}
+
+at::Tensor toCPU(const at::Tensor& mps) {
+  return at::from_blob(sim::metal::bufferOf(bufferOf(mps))->contents(), mps.sizes(), mps.scalar_type()).clone();
+}
+
+void expectClose(const at::Tensor& got, const at::Tensor& expected, const char* what) {
+  ASSERT_EQ(got.scalar_type(), expected.scalar_type()) << what;
+  ASSERT_EQ(got.sizes(), expected.sizes()) << what;
+  const double tolerance = got.scalar_type() == at::kHalf ? 2e-3 : 1e-5;
+  const at::Tensor g = got.to(at::kFloat).contiguous(), e = expected.to(at::kFloat).contiguous();
+  const float* gv = g.const_data_ptr<float>();
+  const float* ev = e.const_data_ptr<float>();
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    ASSERT_NEAR(gv[i], ev[i], tolerance * (1 + std::abs(ev[i]))) << what << "[" << i << "]";
+  }
 }
 
 int64_t* words(sim::Buffer& buffer) {

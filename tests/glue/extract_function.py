@@ -8,15 +8,15 @@ The glue build cannot compile some op files whole (their object subscripting
 needs a runtime that GCC's is not), but it can compile a function of ours in
 them. The function's text is copied from its `static ... NAME(` line to the
 first line that is `}`, without the word `static`, inside `namespace
-NAMESPACE`; before it come the lines of IN up to its first `namespace`. One
-construct is spelled out as Apple's compiler does: an element assignment
-`D[KEY] = VALUE;` to a dictionary the function declares as
-`NSMutableDictionary* D` becomes `[D setObject:VALUE forKeyedSubscript:KEY];`.
-It fails unless it finds exactly one such function.
+NAMESPACE`; before it come the lines of IN up to its first `namespace`. Its
+object subscript assignments are spelled out as Apple's compiler does
+(lower_subscripts.py). It fails unless it finds exactly one such function.
 """
 
 import re
 import sys
+
+from lower_subscripts import lower
 
 
 def main():
@@ -32,9 +32,7 @@ def main():
     start = starts[0]
     end = next(i for i in range(start, len(lines)) if lines[i] == "}")
     body = [lines[start][len("static "):]] + lines[start + 1:end + 1]
-    for d in re.findall(r"NSMutableDictionary\* (\w+) =", "\n".join(body)):
-        assignment = re.compile(rf"^(\s*){d}\[(.+)\] = (.+);$")
-        body = [assignment.sub(r"\1[" + d + r" setObject:\3 forKeyedSubscript:\2];", line) for line in body]
+    body, _ = lower(body)
     with open(dst, "w", encoding="utf-8") as f:
         f.write("\n".join(preamble + [f"namespace {namespace} {{"] + body + [f"}} // namespace {namespace}", ""]))
 

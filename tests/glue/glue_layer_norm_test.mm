@@ -7,16 +7,11 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/native_layer_norm.h>
 #include <ATen/ops/randn.h>
-#include <ATen/ops/view_native.h>
-#include <c10/core/SymIntArrayRef.h>
 #include <c10/util/accumulate.h>
-#include <torch/library.h>
 
 #include <cstdint>
-#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -35,46 +30,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_mps_graph(const Tensor& input,
 
 namespace {
 
-// The graph path views its statistics; the wheel registers no MPS kernels.
-at::Tensor viewMPS(const at::Tensor& self, c10::SymIntArrayRef size) {
-  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
-}
-
-TORCH_LIBRARY_IMPL(aten, MPS, m) {
-  m.impl("view", TORCH_FN(viewMPS));
-}
-
 using glue::GlueTest;
-
-// An MPS tensor with `cpu`'s shape, dtype and values (undefined for an
-// undefined `cpu`).
-at::Tensor toMPS(const at::Tensor& cpu) {
-  if (!cpu.defined()) {
-    return {};
-  }
-  at::Tensor t = glue::mpsTensor(cpu.numel(), cpu.scalar_type()).view(cpu.sizes());
-  std::memcpy(sim::metal::bufferOf(glue::bufferOf(t))->contents(), cpu.const_data_ptr(), cpu.nbytes());
-  return t;
-}
-
-// A CPU copy of an MPS tensor whose work completed.
-at::Tensor toCPU(const at::Tensor& mps) {
-  return at::from_blob(sim::metal::bufferOf(glue::bufferOf(mps))->contents(), mps.sizes(), mps.scalar_type()).clone();
-}
-
-// Within 1e-5 in float32; within two units in the last place in float16,
-// where the CPU rounds its float32 result and the simulator its double one.
-void expectClose(const at::Tensor& got, const at::Tensor& expected, const char* what) {
-  ASSERT_EQ(got.scalar_type(), expected.scalar_type()) << what;
-  ASSERT_EQ(got.sizes(), expected.sizes()) << what;
-  const double tolerance = got.scalar_type() == at::kHalf ? 2e-3 : 1e-5;
-  const at::Tensor g = got.to(at::kFloat).contiguous(), e = expected.to(at::kFloat).contiguous();
-  const float* gv = g.const_data_ptr<float>();
-  const float* ev = e.const_data_ptr<float>();
-  for (int64_t i = 0; i < g.numel(); ++i) {
-    ASSERT_NEAR(gv[i], ev[i], tolerance * (1 + std::abs(ev[i]))) << what << "[" << i << "]";
-  }
-}
 
 struct Case {
   std::vector<int64_t> shape;
@@ -96,7 +52,7 @@ void checkLayerNorm(const at::Tensor& cpu_input,
                     double eps) {
   const auto sizes = cpu_input.sizes();
   const std::vector<int64_t> batch(sizes.begin(), sizes.end() - normalized_ndim);
-  at::Tensor input = toMPS(cpu_input);
+  at::Tensor input = glue::toMPS(cpu_input);
   const at::ScalarType dtype = cpu_input.scalar_type();
   at::Tensor out = glue::mpsTensor(cpu_input.numel(), dtype).view(sizes);
   at::Tensor mean = glue::mpsTensor(c10::multiply_integers(batch), dtype).view(batch);
@@ -107,9 +63,9 @@ void checkLayerNorm(const at::Tensor& cpu_input,
   at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
   const auto [cpu_out, cpu_mean, cpu_rstd] =
       at::native_layer_norm(cpu_input, sizes.slice(sizes.size() - normalized_ndim), cpu_weight, cpu_bias, eps);
-  expectClose(toCPU(out), cpu_out, "out");
-  expectClose(toCPU(mean).view(cpu_mean.sizes()), cpu_mean, "mean");
-  expectClose(toCPU(rstd).view(cpu_rstd.sizes()), cpu_rstd, "rstd");
+  glue::expectClose(glue::toCPU(out), cpu_out, "out");
+  glue::expectClose(glue::toCPU(mean).view(cpu_mean.sizes()), cpu_mean, "mean");
+  glue::expectClose(glue::toCPU(rstd).view(cpu_rstd.sizes()), cpu_rstd, "rstd");
 }
 
 // The cases of test/test_mps_parallel.py's layer norm comparison: one or two
@@ -136,7 +92,7 @@ TEST_F(GlueTest, LayerNormGraphPathMatchesTheCPU) {
     const auto normalized = at::IntArrayRef(c.shape).slice(c.shape.size() - c.normalized_ndim);
     const at::Tensor w = c.weight ? at::randn(normalized).to(c.dtype) : at::Tensor();
     const at::Tensor b = c.bias ? at::randn(normalized).to(c.dtype) : at::Tensor();
-    checkLayerNorm(x, w, b, toMPS(w), toMPS(b), c.normalized_ndim, c.eps);
+    checkLayerNorm(x, w, b, glue::toMPS(w), glue::toMPS(b), c.normalized_ndim, c.eps);
   }
 }
 
@@ -147,7 +103,7 @@ TEST_F(GlueTest, LayerNormGraphPathMatchesTheCPU) {
 TEST_F(GlueTest, LayerNormGraphPathOnManyStreamsSharesItsWeightWithoutWaits) {
   at::manual_seed(1);
   const at::Tensor cpu_weight = at::randn({64}), cpu_bias = at::randn({64});
-  const at::Tensor weight = toMPS(cpu_weight), bias = toMPS(cpu_bias);
+  const at::Tensor weight = glue::toMPS(cpu_weight), bias = glue::toMPS(cpu_bias);
   std::vector<at::Tensor> inputs;
   for (int t = 0; t < 8; ++t) {
     inputs.push_back(at::randn({4, 16, 64}) * (t + 1));

@@ -8,6 +8,10 @@
 // buffer, which MPSGraph may do for large graphs; here it always does, the
 // case the stream's command-buffer bookkeeping finds hardest. Two threads
 // encoding one graph at once abort (GraphState).
+//
+// Also here, as it shares the graph's arithmetic: MPSNDArray views and the
+// one MPSNDArray kernel the glue runs, the matrix multiplication of
+// nn.Linear's Metal-kernel path (Note [simulated MPSNDArray]).
 
 #include "SimMetalRuntime.h"
 #include "SimObjC.h"
@@ -58,13 +62,30 @@ constexpr std::chrono::microseconds kGraphEncodeTime{30};
 // Placeholders, scalar constants, casts, mean and variance over axes (the
 // reduced axes kept with size 1, as MPSGraph's reductions return them),
 // addition, subtraction and multiplication with NumPy-style broadcasting,
-// and the reciprocal square root. The variance divides by the element count:
-// v2.9.1's batch norm multiplies MPSGraph's variance by N / (N - 1) for the
-// unbiased running variance. Elements are int32, int64, float16 (rounded
-// to nearest even) or float32; a feed or result whose data type or element
-// count differs from its tensor's fails, as does any other operation (an
-// unrecognised selector).
-enum class Op { kPlaceholder, kConstant, kCast, kMean, kVariance, kAdd, kSub, kMul, kRsqrt };
+// the reciprocal square root, the transpose of two dimensions, matrix
+// multiplication over the two last dimensions (the others broadcast), and
+// reshapes (flatten2DTensor:axis: keeps the dimensions before `axis` as
+// rows and the others as columns). The variance divides by the element
+// count: v2.9.1's batch norm multiplies MPSGraph's variance by N / (N - 1)
+// for the unbiased running variance. Elements are int32, int64, float16
+// (rounded to nearest even) or float32; a feed or result whose data type or
+// element count differs from its tensor's fails, as does any other operation
+// (an unrecognised selector).
+enum class Op {
+  kPlaceholder,
+  kConstant,
+  kCast,
+  kMean,
+  kVariance,
+  kAdd,
+  kSub,
+  kMul,
+  kRsqrt,
+  kTranspose,
+  kMatMul,
+  kFlatten2D,
+  kReshape
+};
 
 struct TensorState {
   MPSShape* shape = nil;
@@ -180,6 +201,90 @@ struct Value {
   std::vector<double> data;
 };
 
+// Row-major strides of `shape` read as `to`'s trailing dimensions, 0 along
+// the dimensions it broadcasts.
+std::vector<int64_t> broadcastStrides(const std::vector<int64_t>& shape, const std::vector<int64_t>& to) {
+  std::vector<int64_t> strides(to.size(), 0);
+  int64_t stride = 1;
+  for (size_t k = 0; k < shape.size(); ++k) {
+    const size_t d = shape.size() - 1 - k, o = to.size() - 1 - k;
+    if (shape[d] != 1 && shape[d] != to[o]) {
+      unsupported("shapes that do not broadcast");
+    }
+    strides[o] = shape[d] == 1 ? 0 : stride;
+    stride *= shape[d];
+  }
+  return strides;
+}
+
+// Visits every index of `shape` with the offset of that element in each of
+// `strides`.
+template <typename F>
+void forEach(const std::vector<int64_t>& shape, const std::vector<std::vector<int64_t>>& strides, F&& f) {
+  std::vector<int64_t> at(shape.size(), 0);
+  for (int64_t i = 0; i < count(shape); ++i) {
+    std::vector<int64_t> offsets(strides.size(), 0);
+    for (size_t s = 0; s < strides.size(); ++s) {
+      for (size_t d = 0; d < shape.size(); ++d) {
+        offsets[s] += at[d] * strides[s][d];
+      }
+    }
+    f(i, offsets);
+    for (size_t d = shape.size(); d-- > 0 && ++at[d] == shape[d];) {
+      at[d] = 0;
+    }
+  }
+}
+
+// The shape `a` and `b` broadcast to.
+std::vector<int64_t> broadcastShape(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  std::vector<int64_t> out(std::max(a.size(), b.size()), 1);
+  for (size_t k = 0; k < out.size(); ++k) {
+    const int64_t da = k < a.size() ? a[a.size() - 1 - k] : 1, db = k < b.size() ? b[b.size() - 1 - k] : 1;
+    out[out.size() - 1 - k] = std::max(da, db);
+  }
+  return out;
+}
+
+// `op` (kAdd, kSub or kMul) of `x` and `y`, broadcast.
+Value binary(Op op, const Value& x, const Value& y) {
+  Value out{broadcastShape(x.shape, y.shape), {}};
+  out.data.resize(count(out.shape));
+  forEach(out.shape,
+          {broadcastStrides(x.shape, out.shape), broadcastStrides(y.shape, out.shape)},
+          [&](int64_t i, const std::vector<int64_t>& o) {
+            const double a = x.data[o[0]], b = y.data[o[1]];
+            out.data[i] = op == Op::kAdd ? a + b : op == Op::kSub ? a - b : a * b;
+          });
+  return out;
+}
+
+// The matrix products of `x`'s and `y`'s two last dimensions, the others
+// broadcast.
+Value matmul(const Value& x, const Value& y) {
+  const size_t rx = x.shape.size(), ry = y.shape.size();
+  if (rx < 2 || ry < 2 || x.shape[rx - 1] != y.shape[ry - 2]) {
+    unsupported("matrices whose shapes do not multiply");
+  }
+  const int64_t m = x.shape[rx - 2], k = x.shape[rx - 1], n = y.shape[ry - 1];
+  const std::vector<int64_t> bx(x.shape.begin(), x.shape.end() - 2), by(y.shape.begin(), y.shape.end() - 2);
+  const std::vector<int64_t> batch = broadcastShape(bx, by);
+  Value out{batch, {}};
+  out.shape.insert(out.shape.end(), {m, n});
+  out.data.assign(count(out.shape), 0.0);
+  forEach(batch, {broadcastStrides(bx, batch), broadcastStrides(by, batch)}, [&](int64_t b, const auto& o) {
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t c = 0; c < n; ++c) {
+        double& z = out.data[(b * m + r) * n + c];
+        for (int64_t j = 0; j < k; ++j) {
+          z += x.data[(o[0] * m + r) * k + j] * y.data[(o[1] * k + j) * n + c];
+        }
+      }
+    }
+  });
+  return out;
+}
+
 // A graph as the kernel evaluates it, copied from the graph's tensors when
 // it is encoded: the kernel runs after the encode, when a graph that is not
 // cached may be gone.
@@ -190,7 +295,7 @@ struct Program {
     std::vector<int> inputs;
     std::vector<int64_t> axes;
     double scalar;
-    std::vector<int64_t> shape; // of a constant
+    std::vector<int64_t> shape; // of a constant or a reshape
   };
   std::vector<Node> nodes;
   std::map<int, Operand> feeds;
@@ -207,41 +312,6 @@ struct Program {
     }
     nodes.push_back(std::move(node));
     return index[tensor] = static_cast<int>(nodes.size()) - 1;
-  }
-
-  // Row-major strides of `shape` read as `to`'s trailing dimensions, 0 along
-  // the dimensions it broadcasts.
-  static std::vector<int64_t> broadcastStrides(const std::vector<int64_t>& shape, const std::vector<int64_t>& to) {
-    std::vector<int64_t> strides(to.size(), 0);
-    int64_t stride = 1;
-    for (size_t k = 0; k < shape.size(); ++k) {
-      const size_t d = shape.size() - 1 - k, o = to.size() - 1 - k;
-      if (shape[d] != 1 && shape[d] != to[o]) {
-        unsupported("shapes that do not broadcast");
-      }
-      strides[o] = shape[d] == 1 ? 0 : stride;
-      stride *= shape[d];
-    }
-    return strides;
-  }
-
-  // Visits every index of `shape` with the offset of that element in each of
-  // `strides`.
-  template <typename F>
-  static void forEach(const std::vector<int64_t>& shape, const std::vector<std::vector<int64_t>>& strides, F&& f) {
-    std::vector<int64_t> at(shape.size(), 0);
-    for (int64_t i = 0; i < count(shape); ++i) {
-      std::vector<int64_t> offsets(strides.size(), 0);
-      for (size_t s = 0; s < strides.size(); ++s) {
-        for (size_t d = 0; d < shape.size(); ++d) {
-          offsets[s] += at[d] * strides[s][d];
-        }
-      }
-      f(i, offsets);
-      for (size_t d = shape.size(); d-- > 0 && ++at[d] == shape[d];) {
-        at[d] = 0;
-      }
-    }
   }
 
   // A feed or result whose buffer is smaller than its shape, or a result
@@ -334,23 +404,37 @@ struct Program {
         break;
       case Op::kAdd:
       case Op::kSub:
-      case Op::kMul: {
-        const auto& a = in[0]->shape;
-        const auto& b = in[1]->shape;
-        out.shape.assign(std::max(a.size(), b.size()), 1);
-        for (size_t k = 0; k < out.shape.size(); ++k) {
-          const int64_t da = k < a.size() ? a[a.size() - 1 - k] : 1, db = k < b.size() ? b[b.size() - 1 - k] : 1;
-          out.shape[out.shape.size() - 1 - k] = std::max(da, db);
-        }
-        out.data.resize(count(out.shape));
-        forEach(out.shape,
-                {broadcastStrides(a, out.shape), broadcastStrides(b, out.shape)},
-                [&](int64_t i, const std::vector<int64_t>& o) {
-                  const double x = in[0]->data[o[0]], y = in[1]->data[o[1]];
-                  out.data[i] = node.op == Op::kAdd ? x + y : node.op == Op::kSub ? x - y : x * y;
-                });
+      case Op::kMul:
+        out = binary(node.op, *in[0], *in[1]);
+        break;
+      case Op::kTranspose: {
+        const Value& x = *in[0];
+        std::vector<int64_t> strides = broadcastStrides(x.shape, x.shape);
+        out.shape = x.shape;
+        const auto rank = static_cast<int64_t>(x.shape.size());
+        const int64_t a = (node.axes.at(0) + rank) % rank, b = (node.axes.at(1) + rank) % rank;
+        std::swap(out.shape[a], out.shape[b]);
+        std::swap(strides[a], strides[b]);
+        out.data.resize(x.data.size());
+        forEach(out.shape, {strides}, [&](int64_t i, const std::vector<int64_t>& o) { out.data[i] = x.data[o[0]]; });
         break;
       }
+      case Op::kMatMul:
+        out = matmul(*in[0], *in[1]);
+        break;
+      case Op::kFlatten2D: {
+        out = *in[0];
+        const auto rank = static_cast<int64_t>(out.shape.size());
+        const auto axis = out.shape.begin() + (node.axes.at(0) + rank) % rank;
+        out.shape = {count({out.shape.begin(), axis}), count({axis, out.shape.end()})};
+        break;
+      }
+      case Op::kReshape:
+        if (count(node.shape) != count(in[0]->shape)) {
+          unsupported("a reshape to another number of elements");
+        }
+        out = {node.shape, in[0]->data};
+        break;
     }
     return done[id] = std::move(out);
   }
@@ -518,6 +602,30 @@ SIM_OBJC_RETAIN_COUNT(GraphState)
                                               name:(NSString*)name {
   return newNode(self, Op::kMul, {primaryTensor, secondaryTensor}, primaryTensor.dataType, nil);
 }
+- (MPSGraphTensor*)transposeTensor:(MPSGraphTensor*)tensor
+                         dimension:(NSUInteger)dimensionIndex
+                     withDimension:(NSUInteger)dimensionIndex2
+                              name:(NSString*)name {
+  // NSUInteger as declared; upstream passes -1 and -2, counted from the end.
+  return newNode(self,
+                 Op::kTranspose,
+                 {tensor},
+                 tensor.dataType,
+                 @[ @(static_cast<NSInteger>(dimensionIndex)), @(static_cast<NSInteger>(dimensionIndex2)) ]);
+}
+- (MPSGraphTensor*)matrixMultiplicationWithPrimaryTensor:(MPSGraphTensor*)primaryTensor
+                                         secondaryTensor:(MPSGraphTensor*)secondaryTensor
+                                                    name:(NSString*)name {
+  return newNode(self, Op::kMatMul, {primaryTensor, secondaryTensor}, primaryTensor.dataType, nil);
+}
+- (MPSGraphTensor*)flatten2DTensor:(MPSGraphTensor*)tensor axis:(NSInteger)axis name:(NSString*)name {
+  return newNode(self, Op::kFlatten2D, {tensor}, tensor.dataType, @[ @(axis) ]);
+}
+- (MPSGraphTensor*)reshapeTensor:(MPSGraphTensor*)tensor withShape:(MPSShape*)shape name:(NSString*)name {
+  MPSGraphTensor* reshaped = newNode(self, Op::kReshape, {tensor}, tensor.dataType, nil);
+  state<TensorState>(reshaped).shape = [shape copy];
+  return reshaped;
+}
 - (void)encodeToCommandBuffer:(MPSCommandBuffer*)commandBuffer
                         feeds:(MPSGraphTensorDataDictionary*)feeds
              targetOperations:(NSArray<MPSGraphOperation*>*)targetOperations
@@ -554,17 +662,214 @@ SIM_OBJC_RETAIN_COUNT(GraphState)
 }
 @end
 
-// For the link only: Placeholder wraps a strided view in an MPSNDArray
-// (macOS 15's strided API), and the glue tests bind contiguous tensors, so no
-// method of these classes is implemented and any call fails as an
-// unrecognised selector. MPSNDArrayIdentity brings its superclasses.
+namespace {
+
+// Note [simulated MPSNDArray]
+// An MPSNDArray is a view of a buffer: a data type, a byte offset and, per
+// dimension, a length and a stride in elements, listed slowest dimension
+// first as PyTorch lists sizes (and as upstream passes shapes to
+// descriptorWithDataType:shape: and arrayViewWithShape:strides:). Apple
+// numbers dimensions from the fastest (dimension 0 is the row, whose
+// elements are adjacent), so transposeDimension:i withDimension:j swaps the
+// entries i and j places from the end. An array made on a buffer with a
+// descriptor is packed in the descriptor's shape before its transposes; an
+// array's descriptor describes the array as it is. A matrix multiplication
+// treats the two fastest dimensions as rows and columns and broadcasts the
+// others: D = A B, plus C with a third source (alpha and beta at their
+// default, 1). No other kernel is implemented: MPSNDArrayIdentity, which
+// Placeholder uses for views with a non-unit innermost stride, is there
+// for the link only, and any call to it fails as an unrecognised selector.
+struct Layout {
+  MPSDataType data_type = MPSDataTypeInvalid;
+  std::vector<int64_t> sizes, strides;
+
+  // The view whose dimension i is this one's order[i].
+  Layout permuted(const std::vector<size_t>& order) const {
+    Layout out{data_type, {}, {}};
+    for (size_t d : order) {
+      out.sizes.push_back(sizes.at(d));
+      out.strides.push_back(strides.at(d));
+    }
+    return out;
+  }
+};
+
+struct NDArrayDescriptorState {
+  Layout packed; // before the transposes
+  std::vector<size_t> order; // dimension i is packed's order[i]
+};
+
+struct NDArrayState {
+  id<MTLBuffer> buffer = nil;
+  NSUInteger offset = 0;
+  Layout layout;
+  ~NDArrayState() {
+    [buffer release];
+  }
+};
+
+struct MatrixMultiplicationState {
+  NSUInteger sources = 0;
+};
+
+// An array as a kernel reads or writes it.
+struct ArrayRef {
+  sim::BufferPtr buffer;
+  NSUInteger offset;
+  Layout layout;
+
+  // Visits each element, row-major over the layout's sizes; an array
+  // reaching beyond its buffer fails.
+  template <typename F>
+  void forEachElement(F&& f) const {
+    int64_t last = 0;
+    for (size_t d = 0; d < layout.sizes.size(); ++d) {
+      if (layout.strides[d] < 0) {
+        unsupported("an MPSNDArray with a negative stride");
+      }
+      last += (layout.sizes[d] - 1) * layout.strides[d];
+    }
+    visitElement(layout.data_type, [&](auto element) {
+      if (count(layout.sizes) > 0 && offset + (last + 1) * sizeof(element) > buffer->bytes()) {
+        unsupported("an MPSNDArray beyond its buffer");
+      }
+      auto* base = reinterpret_cast<decltype(element)*>(static_cast<unsigned char*>(buffer->contents()) + offset);
+      forEach(layout.sizes, {layout.strides}, [&](int64_t i, const std::vector<int64_t>& o) { f(i, base[o[0]]); });
+    });
+  }
+  Value read() const {
+    Value v{layout.sizes, std::vector<double>(count(layout.sizes))};
+    forEachElement([&](int64_t i, auto& element) { v.data[i] = element; });
+    return v;
+  }
+  void write(const Value& v) const {
+    if (v.shape != layout.sizes) {
+      unsupported("a result whose shape is not its destination array's");
+    }
+    forEachElement([&](int64_t i, auto& element) { element = v.data[i]; });
+  }
+};
+
+ArrayRef arrayRefOf(MPSNDArray* array) {
+  const auto& a = state<NDArrayState>(array);
+  return {sim::metal::bufferOf(a.buffer), a.offset, a.layout};
+}
+
+MPSNDArray* newArrayView(MPSNDArray* array, Layout layout) {
+  MPSNDArray* view = [MPSNDArray alloc];
+  auto& v = state<NDArrayState>(view);
+  v.buffer = [state<NDArrayState>(array).buffer retain];
+  v.offset = state<NDArrayState>(array).offset;
+  v.layout = std::move(layout);
+  return [view autorelease];
+}
+
+} // namespace
+
+@implementation MPSNDArrayDescriptor
+SIM_OBJC_STATE(NDArrayDescriptorState)
+SIM_OBJC_RETAIN_COUNT(NDArrayDescriptorState)
++ (instancetype)descriptorWithDataType:(MPSDataType)dataType shape:(MPSShape*)shape {
+  MPSNDArrayDescriptor* descriptor = [MPSNDArrayDescriptor alloc];
+  auto& d = state<NDArrayDescriptorState>(descriptor);
+  d.packed.data_type = dataType;
+  d.packed.sizes = dims(shape);
+  d.packed.strides = broadcastStrides(d.packed.sizes, d.packed.sizes);
+  for (size_t i = 0; i < d.packed.sizes.size(); ++i) {
+    d.order.push_back(i);
+  }
+  return [descriptor autorelease];
+}
+// Packing is a performance hint: the layout is the same.
+- (void)setPreferPackedRows:(BOOL)prefer {
+}
+- (void)transposeDimension:(NSUInteger)dimensionIndex withDimension:(NSUInteger)dimensionIndex2 {
+  auto& order = state<NDArrayDescriptorState>(self).order;
+  std::swap(order.at(order.size() - 1 - dimensionIndex), order.at(order.size() - 1 - dimensionIndex2));
+}
+@end
+
+@implementation MPSNDArray
+SIM_OBJC_STATE(NDArrayState)
+SIM_OBJC_RETAIN_COUNT(NDArrayState)
+- (instancetype)initWithBuffer:(id<MTLBuffer>)buffer
+                        offset:(NSUInteger)offset
+                    descriptor:(MPSNDArrayDescriptor*)descriptor {
+  auto& a = state<NDArrayState>(self);
+  const auto& d = state<NDArrayDescriptorState>(descriptor);
+  a.buffer = [buffer retain];
+  a.offset = offset;
+  a.layout = d.packed.permuted(d.order);
+  return self;
+}
+- (NSUInteger)numberOfDimensions {
+  return state<NDArrayState>(self).layout.sizes.size();
+}
+- (MPSNDArrayDescriptor*)descriptor {
+  const Layout& layout = state<NDArrayState>(self).layout;
+  NSMutableArray<NSNumber*>* shape = [NSMutableArray array];
+  for (int64_t size : layout.sizes) {
+    [shape addObject:@(size)];
+  }
+  return [MPSNDArrayDescriptor descriptorWithDataType:layout.data_type shape:shape];
+}
+- (MPSNDArray*)arrayViewWithCommandBuffer:(id<MTLCommandBuffer>)cmdBuf
+                               descriptor:(MPSNDArrayDescriptor*)descriptor
+                                 aliasing:(MPSAliasingStrategy)aliasing {
+  const Layout& layout = state<NDArrayState>(self).layout;
+  const auto& d = state<NDArrayDescriptorState>(descriptor);
+  if (d.packed.sizes != layout.sizes || d.packed.data_type != layout.data_type) {
+    unsupported("an array view whose descriptor is not its array's, transposed");
+  }
+  return newArrayView(self, layout.permuted(d.order));
+}
+- (MPSNDArray*)arrayViewWithShape:(MPSShape*)shape strides:(MPSShape*)strides {
+  return newArrayView(self, {state<NDArrayState>(self).layout.data_type, dims(shape), dims(strides)});
+}
+@end
+
+@implementation MPSNDArrayMatrixMultiplication
+SIM_OBJC_STATE(MatrixMultiplicationState)
+SIM_OBJC_RETAIN_COUNT(MatrixMultiplicationState)
+- (instancetype)initWithDevice:(id<MTLDevice>)device sourceCount:(NSUInteger)count {
+  if (count != 2 && count != 3) {
+    unsupported("a matrix multiplication of other than 2 or 3 sources");
+  }
+  state<MatrixMultiplicationState>(self).sources = count;
+  return self;
+}
+- (void)encodeToCommandEncoder:(id<MTLComputeCommandEncoder>)encoder
+                 commandBuffer:(id<MTLCommandBuffer>)commandBuffer
+                  sourceArrays:(NSArray<MPSNDArray*>*)sourceArrays
+              destinationArray:(MPSNDArray*)destination {
+  if (sourceArrays.count != state<MatrixMultiplicationState>(self).sources) {
+    unsupported("a matrix multiplication given another number of sources than it was made for");
+  }
+  sim::Kernel kernel;
+  std::vector<ArrayRef> sources;
+  for (MPSNDArray* source in sourceArrays) {
+    sources.push_back(arrayRefOf(source));
+    kernel.uses.emplace_back(sources.back().buffer, sim::Access::kRead);
+  }
+  const ArrayRef result = arrayRefOf(destination);
+  kernel.uses.emplace_back(result.buffer, sim::Access::kWrite);
+  kernel.body = [sources, result] {
+    Value d = matmul(sources[0].read(), sources[1].read());
+    if (sources.size() == 3) {
+      d = binary(Op::kAdd, d, sources[2].read());
+    }
+    result.write(d);
+  };
+  sim::metal::dispatchKernel(encoder, std::move(kernel));
+}
+@end
+
+// For the link only (Note [simulated MPSNDArray]).
 #define SIM_LINK_ONLY_CLASS(name)  \
   @implementation name             \
   SIM_OBJC_STATE(Stateless)        \
   SIM_OBJC_RETAIN_COUNT(Stateless) \
   @end
-SIM_LINK_ONLY_CLASS(MPSNDArrayDescriptor)
-SIM_LINK_ONLY_CLASS(MPSNDArray)
 SIM_LINK_ONLY_CLASS(MPSKernel)
 SIM_LINK_ONLY_CLASS(MPSNDArrayMultiaryBase)
 SIM_LINK_ONLY_CLASS(MPSNDArrayMultiaryKernel)

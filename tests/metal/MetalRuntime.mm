@@ -917,6 +917,10 @@ void dispatchKernel(id<MTLComputeCommandEncoder> encoder,
   [encoder dispatchThreads:MTLSizeMake(1, 1, 1) threadsPerThreadgroup:MTLSizeMake(1, 1, 1)];
 }
 
+void dispatchKernel(id<MTLComputeCommandEncoder> encoder, Kernel kernel) {
+  state<ComputeEncoderState>(encoder).encoder->dispatch(std::move(kernel));
+}
+
 void defineKernel(const std::string& function, KernelBody body) {
   Compiler& c = compiler();
   MutexLock lock(c.mu);

@@ -50,6 +50,9 @@ void dispatchKernel(
     id<MTLComputeCommandEncoder> encoder,
     const std::vector<id<MTLBuffer>>& buffers,
     std::function<void()> body);
+// What an MPS kernel's encodeToCommandEncoder: does: one dispatch in the
+// encoder's pass, using its buffers as `kernel` says.
+void dispatchKernel(id<MTLComputeCommandEncoder> encoder, Kernel kernel);
 #endif
 
 // The shader compiler. newLibraryWithSource: takes a while (so that threads

@@ -1,0 +1,148 @@
+// nn.Linear's forward (_mps_linear of Linear.mm) on both of its paths, run on
+// the simulator and compared with the CPU's linear: the MPSNDArray matrix
+// multiplication that a lone stream takes, and the MPSGraph that any stream
+// takes while another one is active (Note [MPS Apple framework workarounds]).
+
+#include "GlueTest.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/mps/OperationUtils.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/randn.h>
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <thread>
+#include <vector>
+
+// Declared by linear_native.h in a build with MPS; the Linux wheel's lacks it.
+namespace at::native {
+Tensor _mps_linear(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias);
+} // namespace at::native
+
+namespace {
+
+using at::native::mps::getTensorsStringKey;
+using glue::GlueTest;
+
+enum class Path { kKernel, kGraph };
+
+struct Case {
+  std::vector<int64_t> input, weight;
+  bool bias;
+};
+
+// 2-D inputs as the macOS suite's model has; a 3-D input with a bias, which
+// the graph path flattens to 2-D and reshapes back; a 5-D input, which it
+// always flattens; a 1-D weight, whose output loses its last dimension.
+const Case kCases[] = {
+    {{4, 64}, {32, 64}, true},
+    {{4, 64}, {32, 64}, false},
+    {{2, 3, 48}, {16, 48}, true},
+    {{2, 3, 48}, {16, 48}, false},
+    {{2, 1, 2, 3, 8}, {5, 8}, true},
+    {{6, 40}, {40}, false},
+};
+
+// Whether the kernel or graph of `path` for these operands is cached: each
+// path caches its own under its own key.
+bool cached(Path path, const at::Tensor& input, const at::Tensor& weight_arg, const at::Tensor& bias) {
+  const at::Tensor weight = weight_arg.dim() == 1 ? weight_arg.unsqueeze(0) : weight_arg;
+  return path == Path::kKernel ? at::native::mps::MPSKernelCache::getInstance()->LookUp(
+                                     "mps_linear" + getTensorsStringKey({input, weight, bias}, true, true)) != nullptr
+                               : at::native::mps::MPSGraphCache::getInstance()->LookUp(
+                                     "mps_linear" + getTensorsStringKey({input, weight, bias})) != nullptr;
+}
+
+// _mps_linear on the calling thread's stream, checked against `expected`,
+// the CPU's linear; `weight` and `bias` are MPS tensors (an undefined bias:
+// none).
+void checkLinear(const at::Tensor& cpu_input,
+                 const at::Tensor& weight,
+                 const at::Tensor& bias,
+                 const at::Tensor& expected,
+                 Path path) {
+  const at::Tensor input = glue::toMPS(cpu_input);
+  const Path other = path == Path::kKernel ? Path::kGraph : Path::kKernel;
+  const bool other_cached = cached(other, input, weight, bias);
+  at::Tensor out;
+  @autoreleasepool {
+    out = at::native::_mps_linear(input, weight, bias.defined() ? std::optional(bias) : std::nullopt);
+  }
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  glue::expectClose(glue::toCPU(out), expected, "out");
+  // The path taken cached its kernel or graph, and the other path's was not
+  // made.
+  EXPECT_TRUE(cached(path, input, weight, bias)) << (path == Path::kKernel ? "no kernel" : "no graph");
+  EXPECT_EQ(cached(other, input, weight, bias), other_cached) << "the other path ran";
+}
+
+void checkCases(Path path) {
+  at::manual_seed(0);
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(::testing::Message() << "input " << at::IntArrayRef(c.input) << ", weight "
+                                      << at::IntArrayRef(c.weight) << ", bias " << c.bias);
+    const at::Tensor x = at::randn(c.input), w = at::randn(c.weight);
+    const at::Tensor b = c.bias ? at::randn({c.weight.front()}) : at::Tensor();
+    checkLinear(x, glue::toMPS(w), glue::toMPS(b), at::linear(x, w, b), path);
+  }
+}
+
+TEST_F(GlueTest, LinearOnALoneStreamTakesTheKernelPathAndMatchesTheCPU) {
+  checkCases(Path::kKernel);
+}
+
+// A worker thread keeps its own stream encoding, so the main thread's
+// stream is never the only active one.
+TEST_F(GlueTest, LinearWhileAnotherStreamEncodesTakesTheGraphPathAndMatchesTheCPU) {
+  std::atomic<bool> started{false}, stop{false};
+  std::thread worker([&] {
+    const at::Tensor scratch = glue::mpsTensor(8);
+    while (!stop.load()) {
+      glue::encodeKernel({glue::bufferOf(scratch)}, [] {});
+      started.store(true);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  });
+  ASSERT_TRUE(glue::eventually([&] { return started.load(); }));
+  checkCases(Path::kGraph);
+  stop.store(true);
+  worker.join();
+}
+
+// Eight threads apply one weight and bias to their own inputs on their own
+// streams, as threads sharing a model do. Each has encoded before any of
+// them runs linear, so all take the graph path: one cached graph, the CPU's
+// results, and no cross-stream wait (the weight and bias are graph feeds,
+// recorded as reads).
+TEST_F(GlueTest, LinearOnManyStreamsSharesItsWeightWithoutWaits) {
+  at::manual_seed(1);
+  const at::Tensor cpu_weight = at::randn({32, 64}), cpu_bias = at::randn({32});
+  const at::Tensor weight = glue::toMPS(cpu_weight), bias = glue::toMPS(cpu_bias);
+  // The CPU's results are computed here: the wheel is not built with
+  // ThreadSanitizer, which does not see the guard of the function-local
+  // statics its CPU linear makes on first use, and reports them as racing
+  // when threads call it at once.
+  std::vector<at::Tensor> inputs, expected;
+  for (int t = 0; t < 8; ++t) {
+    inputs.push_back(at::randn({4, 64}) * (t + 1));
+    expected.push_back(at::linear(inputs[t], cpu_weight, cpu_bias));
+  }
+  const int64_t waits_before = glue::trackerWaits();
+  std::atomic<int> encoded{0};
+  glue::onThreads(8, [&](int t) {
+    const at::Tensor scratch = glue::mpsTensor(8);
+    glue::encodeKernel({glue::bufferOf(scratch)}, [] {});
+    encoded.fetch_add(1);
+    ASSERT_TRUE(glue::eventually([&] { return encoded.load() == 8; }));
+    for (int r = 0; r < 5; ++r) {
+      checkLinear(inputs[t], weight, bias, expected[t], Path::kGraph);
+    }
+  });
+  EXPECT_EQ(glue::trackerWaits(), waits_before);
+}
+
+} // namespace
