@@ -7,12 +7,16 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/mps/MPSProfiler.h>
+#include <ATen/native/mps/Copy.h>
 #include <ATen/native/mps/OperationUtils.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/randn.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -56,6 +60,14 @@ bool cached(Path path, const at::Tensor& input, const at::Tensor& weight_arg, co
                                      "mps_linear" + getTensorsStringKey({input, weight, bias})) != nullptr;
 }
 
+// _mps_linear on the calling thread's stream, in an autorelease pool as ops
+// are called; left uncommitted.
+at::Tensor runLinear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
+  @autoreleasepool {
+    return at::native::_mps_linear(input, weight, bias.defined() ? std::optional(bias) : std::nullopt);
+  }
+}
+
 // _mps_linear on the calling thread's stream, checked against `expected`,
 // the CPU's linear; `weight` and `bias` are MPS tensors (an undefined bias:
 // none).
@@ -67,10 +79,7 @@ void checkLinear(const at::Tensor& cpu_input,
   const at::Tensor input = glue::toMPS(cpu_input);
   const Path other = path == Path::kKernel ? Path::kGraph : Path::kKernel;
   const bool other_cached = cached(other, input, weight, bias);
-  at::Tensor out;
-  @autoreleasepool {
-    out = at::native::_mps_linear(input, weight, bias.defined() ? std::optional(bias) : std::nullopt);
-  }
+  const at::Tensor out = runLinear(input, weight, bias);
   at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
   glue::expectClose(glue::toCPU(out), expected, "out");
   // The path taken cached its kernel or graph, and the other path's was not
@@ -113,24 +122,33 @@ TEST_F(GlueTest, LinearWhileAnotherStreamEncodesTakesTheGraphPathAndMatchesTheCP
   worker.join();
 }
 
-// Eight threads apply one weight and bias to their own inputs on their own
-// streams, as threads sharing a model do. Each has encoded before any of
-// them runs linear, so all take the graph path: one cached graph, the CPU's
-// results, and no cross-stream wait (the weight and bias are graph feeds,
-// recorded as reads).
-TEST_F(GlueTest, LinearOnManyStreamsSharesItsWeightWithoutWaits) {
-  at::manual_seed(1);
-  const at::Tensor cpu_weight = at::randn({32, 64}), cpu_bias = at::randn({32});
-  const at::Tensor weight = glue::toMPS(cpu_weight), bias = glue::toMPS(cpu_bias);
-  // The CPU's results are computed here: the wheel is not built with
-  // ThreadSanitizer, which does not see the guard of the function-local
-  // statics its CPU linear makes on first use, and reports them as racing
-  // when threads call it at once.
-  std::vector<at::Tensor> inputs, expected;
-  for (int t = 0; t < 8; ++t) {
-    inputs.push_back(at::randn({4, 64}) * (t + 1));
-    expected.push_back(at::linear(inputs[t], cpu_weight, cpu_bias));
+// One weight and bias that `threads` threads apply to inputs of their own,
+// with the CPU's results. These are computed here: the wheel is not built
+// with ThreadSanitizer, which does not see the guard of the function-local
+// statics its CPU linear makes on first use, and reports them as racing when
+// threads call it at once.
+struct SharedModel {
+  explicit SharedModel(int threads) {
+    at::manual_seed(1);
+    cpu_weight = at::randn({32, 64});
+    cpu_bias = at::randn({32});
+    weight = glue::toMPS(cpu_weight);
+    bias = glue::toMPS(cpu_bias);
+    for (int t = 0; t < threads; ++t) {
+      inputs.push_back(at::randn({4, 64}) * (t + 1));
+      expected.push_back(at::linear(inputs[t], cpu_weight, cpu_bias));
+    }
   }
+  at::Tensor cpu_weight, cpu_bias, weight, bias;
+  std::vector<at::Tensor> inputs, expected;
+};
+
+// Eight threads apply one weight and bias on their own streams, as threads
+// sharing a model do. Each has encoded before any of them runs linear, so
+// all take the graph path: one cached graph, the CPU's results, and no
+// cross-stream wait (the weight and bias are graph feeds, recorded as reads).
+TEST_F(GlueTest, LinearOnManyStreamsSharesItsWeightWithoutWaits) {
+  const SharedModel model(8);
   const int64_t waits_before = glue::trackerWaits();
   std::atomic<int> encoded{0};
   glue::onThreads(8, [&](int t) {
@@ -139,10 +157,84 @@ TEST_F(GlueTest, LinearOnManyStreamsSharesItsWeightWithoutWaits) {
     encoded.fetch_add(1);
     ASSERT_TRUE(glue::eventually([&] { return encoded.load() == 8; }));
     for (int r = 0; r < 5; ++r) {
-      checkLinear(inputs[t], weight, bias, expected[t], Path::kGraph);
+      checkLinear(model.inputs[t], model.weight, model.bias, model.expected[t], Path::kGraph);
     }
   });
   EXPECT_EQ(glue::trackerWaits(), waits_before);
+}
+
+// A lone stream's linear takes the Metal-kernel path, which reads its input,
+// weight and bias; another stream's graph-path linear with the same weight
+// and bias, while the first one's work is still open, then needs no order.
+// With the kernel path's operands recorded as written, the tracker counted
+// the second stream's wait for the first.
+TEST_F(GlueTest, LinearKernelPathRecordsItsOperandsAsReads) {
+  const SharedModel model(2);
+  const int64_t waits_before = glue::trackerWaits();
+  const at::Tensor input = glue::toMPS(model.inputs[0]);
+  const at::Tensor out = runLinear(input, model.weight, model.bias);
+  ASSERT_TRUE(cached(Path::kKernel, input, model.weight, model.bias));
+  std::thread([&] {
+    const at::Tensor other_input = glue::toMPS(model.inputs[1]);
+    const at::Tensor other = runLinear(other_input, model.weight, model.bias);
+    EXPECT_TRUE(cached(Path::kGraph, other_input, model.weight, model.bias));
+    at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+    glue::expectClose(glue::toCPU(other), model.expected[1], "the other stream's out");
+  }).join();
+  EXPECT_EQ(glue::trackerWaits(), waits_before);
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  glue::expectClose(glue::toCPU(out), model.expected[0], "out");
+}
+
+// Eight threads start at once, as a thread pool's first requests do: the
+// first to encode may be alone and take the kernel path while the others
+// join it on the graph path. The results are the CPU's, with no wait and no
+// error. With the kernel path's operands recorded as written, 14 of 16 runs
+// raised "neither can go first" on two streams (a false cycle: both only
+// read the weight).
+TEST_F(GlueTest, LinearOnStreamsJoiningALoneStreamNeedsNoOrder) {
+  const SharedModel model(8);
+  const int64_t waits_before = glue::trackerWaits();
+  glue::onThreads(8, [&](int t) {
+    for (int r = 0; r < 5; ++r) {
+      try {
+        const at::Tensor out = runLinear(glue::toMPS(model.inputs[t]), model.weight, model.bias);
+        at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+        glue::expectClose(glue::toCPU(out), model.expected[t], "out");
+      } catch (const c10::Error& e) {
+        ADD_FAILURE() << "thread " << t << ": " << e.what_without_backtrace();
+        return;
+      }
+    }
+  });
+  EXPECT_EQ(glue::trackerWaits(), waits_before);
+}
+
+// The MPS profiler, with operation and copy statistics and signpost
+// intervals on, while eight streams run linear and copy its result to the
+// CPU at once (Note [MPS profiler and streams]): ops on every stream and the
+// profiler's handlers on the completion thread update its records. Under
+// ThreadSanitizer a record read or written outside the profiler's lock is a
+// reported race; the results are the CPU's in every variant.
+TEST_F(GlueTest, ProfiledLinearAndCopiesOnManyStreams) {
+  // Read when the profiler is made, with the first stream.
+  setenv("PYTORCH_MPS_LOG_PROFILE_INFO", "48", 1); // operation and copy statistics
+  setenv("PYTORCH_MPS_TRACE_SIGNPOSTS", "2", 1); // all signpost intervals
+  const at::mps::Profiler::MPSProfiler& profiler = at::mps::getMPSProfiler();
+  ASSERT_TRUE(profiler.isOperationProfilingEnabled() && profiler.isCopyProfilingEnabled() &&
+              profiler.isSignpostTracingEnabled())
+      << "the profiler was made before this test set its environment; run the test in a process of its own";
+  const SharedModel model(8);
+  glue::onThreads(8, [&](int t) {
+    for (int r = 0; r < 5; ++r) {
+      at::Tensor result = at::empty(model.expected[t].sizes());
+      @autoreleasepool {
+        const at::Tensor out = runLinear(glue::toMPS(model.inputs[t]), model.weight, model.bias);
+        at::native::mps::mps_copy_(result, out, /*non_blocking=*/false);
+      }
+      glue::expectClose(result, model.expected[t], "out");
+    }
+  });
 }
 
 } // namespace

@@ -536,6 +536,20 @@ SIM_OBJC_RETAIN_COUNT(BlitEncoderState)
 @implementation SimCompletedCommandBuffer
 SIM_OBJC_STATE(CompletedState)
 SIM_OBJC_RETAIN_COUNT(CompletedState)
+// GPU and kernel times are not simulated: each reads 0, which the MPS
+// profiler reports as no time.
+- (CFTimeInterval)kernelStartTime {
+  return 0;
+}
+- (CFTimeInterval)kernelEndTime {
+  return 0;
+}
+- (CFTimeInterval)GPUStartTime {
+  return 0;
+}
+- (CFTimeInterval)GPUEndTime {
+  return 0;
+}
 - (MTLCommandBufferStatus)status {
   return state<CompletedState>(self).status.ok ? MTLCommandBufferStatusCompleted : MTLCommandBufferStatusError;
 }
@@ -592,6 +606,12 @@ SIM_OBJC_RETAIN_COUNT(CommandBufferState)
       [root release];
     }
   });
+}
+// The simulator has no scheduling step: a scheduled handler runs with the
+// completed handlers of its root, in the order they were added (Metal runs
+// it earlier, once the buffer is scheduled), on the same thread.
+- (void)addScheduledHandler:(MTLCommandBufferHandler)block {
+  [self addCompletedHandler:block];
 }
 - (id<MTLComputeCommandEncoder>)computeCommandEncoder {
   SimComputeEncoder* encoder = [SimComputeEncoder alloc];
