@@ -827,6 +827,10 @@ SIM_OBJC_RETAIN_COUNT(DeviceState)
   state<SharedEventState>(event).device = self;
   return event;
 }
+// The bundled library, compiled from its text (setBundledShaderSource()).
+- (id<MTLLibrary>)newLibraryWithData:(dispatch_data_t)data error:(NSError**)error {
+  return [self newLibraryWithSource:[NSString stringWithUTF8String:bytesOf(data).c_str()] options:nil error:error];
+}
 // The shader compiler of SimMetalRuntime.h.
 - (id<MTLLibrary>)newLibraryWithSource:(NSString*)source options:(MTLCompileOptions*)options error:(NSError**)error {
   compiler().libraries.fetch_add(1);

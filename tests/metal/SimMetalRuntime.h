@@ -50,6 +50,11 @@ void dispatchKernel(
     id<MTLComputeCommandEncoder> encoder,
     const std::vector<id<MTLBuffer>>& buffers,
     std::function<void()> body);
+// The bundled shader library's text: libtorch_cpu's metallib section
+// (tests/glue/standins/Darwin.mm), which newLibraryWithData: compiles as
+// newLibraryWithSource: does. None until this is called.
+void setBundledShaderSource(const std::string& source);
+std::string bytesOf(dispatch_data_t data);
 // What an MPS kernel's encodeToCommandEncoder: does: one dispatch in the
 // encoder's pass, using its buffers as `kernel` says.
 void dispatchKernel(id<MTLComputeCommandEncoder> encoder, Kernel kernel);
