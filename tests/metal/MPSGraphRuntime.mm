@@ -121,13 +121,6 @@ struct ExecutionDescriptorState {
   }
 };
 
-// A feed or result of the stand-in kernel.
-struct Operand {
-  sim::BufferPtr buffer;
-  MPSDataType data_type;
-  std::vector<int64_t> shape;
-};
-
 std::vector<int64_t> dims(MPSShape* shape) {
   std::vector<int64_t> out;
   for (NSNumber* n in shape) {
@@ -285,6 +278,69 @@ Value matmul(const Value& x, const Value& y) {
   return out;
 }
 
+// A data type and, per dimension, slowest first, a length and a stride in
+// elements.
+struct Layout {
+  MPSDataType data_type = MPSDataTypeInvalid;
+  std::vector<int64_t> sizes, strides;
+
+  // The view whose dimension i is this one's order[i].
+  Layout permuted(const std::vector<size_t>& order) const {
+    Layout out{data_type, {}, {}};
+    for (size_t d : order) {
+      out.sizes.push_back(sizes.at(d));
+      out.strides.push_back(strides.at(d));
+    }
+    return out;
+  }
+};
+
+// The layout of a packed (row-major) array of `sizes`.
+Layout packedLayout(MPSDataType data_type, std::vector<int64_t> sizes) {
+  std::vector<int64_t> strides = broadcastStrides(sizes, sizes);
+  return {data_type, std::move(sizes), std::move(strides)};
+}
+
+// Elements of a buffer as a kernel reads or writes them: a graph's feeds
+// and results (packed), an MPSNDArray (Note [simulated MPSNDArray]).
+struct ArrayRef {
+  sim::BufferPtr buffer;
+  NSUInteger offset;
+  Layout layout;
+
+  // Visits each element, row-major over the layout's sizes; elements beyond
+  // the buffer fail.
+  template <typename F>
+  void forEachElement(F&& f) const {
+    int64_t last = 0;
+    for (size_t d = 0; d < layout.sizes.size(); ++d) {
+      if (layout.strides[d] < 0) {
+        unsupported("a negative stride");
+      }
+      last += (layout.sizes[d] - 1) * layout.strides[d];
+    }
+    visitElement(layout.data_type, [&](auto element) {
+      if (count(layout.sizes) > 0 && offset + (last + 1) * sizeof(element) > buffer->bytes()) {
+        unsupported("elements beyond their buffer");
+      }
+      auto* base = reinterpret_cast<decltype(element)*>(static_cast<unsigned char*>(buffer->contents()) + offset);
+      forEach(layout.sizes, {layout.strides}, [&](int64_t i, const std::vector<int64_t>& o) { f(i, base[o[0]]); });
+    });
+  }
+  Value read() const {
+    Value v{layout.sizes, std::vector<double>(count(layout.sizes))};
+    forEachElement([&](int64_t i, auto& element) { v.data[i] = element; });
+    return v;
+  }
+  // A result of another number of elements than its destination fails.
+  void write(const Value& v) const {
+    if (count(v.shape) != count(layout.sizes)) {
+      unsupported("a result whose element count is not its destination's");
+    }
+    forEachElement([&](int64_t i, auto& element) { element = v.data[i]; });
+  }
+};
+
 // A graph as the kernel evaluates it, copied from the graph's tensors when
 // it is encoded: the kernel runs after the encode, when a graph that is not
 // cached may be gone.
@@ -298,8 +354,8 @@ struct Program {
     std::vector<int64_t> shape; // of a constant or a reshape
   };
   std::vector<Node> nodes;
-  std::map<int, Operand> feeds;
-  std::vector<std::pair<int, Operand>> results;
+  std::map<int, ArrayRef> feeds;
+  std::vector<std::pair<int, ArrayRef>> results;
 
   int add(MPSGraphTensor* tensor, std::map<MPSGraphTensor*, int>& index) {
     if (auto it = index.find(tensor); it != index.end()) {
@@ -312,32 +368,6 @@ struct Program {
     }
     nodes.push_back(std::move(node));
     return index[tensor] = static_cast<int>(nodes.size()) - 1;
-  }
-
-  // A feed or result whose buffer is smaller than its shape, or a result
-  // whose shape holds another number of elements than its value, fails.
-  static void checkSize(const Operand& operand, size_t element_size, size_t elements) {
-    if (static_cast<size_t>(count(operand.shape)) != elements || operand.buffer->bytes() < elements * element_size) {
-      unsupported("a tensor data whose shape or buffer does not fit its value");
-    }
-  }
-
-  static Value read(const Operand& operand) {
-    Value v{operand.shape, std::vector<double>(count(operand.shape))};
-    visitElement(operand.data_type, [&](auto element) {
-      checkSize(operand, sizeof(element), v.data.size());
-      const auto* src = reinterpret_cast<const decltype(element)*>(operand.buffer->contents());
-      std::copy(src, src + v.data.size(), v.data.begin());
-    });
-    return v;
-  }
-
-  static void write(const Value& v, const Operand& operand) {
-    visitElement(operand.data_type, [&](auto element) {
-      checkSize(operand, sizeof(element), v.data.size());
-      auto* dst = reinterpret_cast<decltype(element)*>(operand.buffer->contents());
-      std::transform(v.data.begin(), v.data.end(), dst, [](double x) { return static_cast<decltype(element)>(x); });
-    });
   }
 
   // The mean of `x` over `axes`, shaped like `x` with those axes of size 1;
@@ -374,10 +404,10 @@ struct Program {
     Value out;
     switch (node.op) {
       case Op::kPlaceholder:
-        if (feeds.count(id) == 0 || feeds.at(id).data_type != node.data_type) {
+        if (feeds.count(id) == 0 || feeds.at(id).layout.data_type != node.data_type) {
           unsupported("a placeholder that is not fed data of its type");
         }
-        out = read(feeds.at(id));
+        out = feeds.at(id).read();
         break;
       case Op::kConstant:
         out = {node.shape, std::vector<double>(count(node.shape), node.scalar)};
@@ -444,16 +474,16 @@ struct Program {
     for (const auto& [id, operand] : results) {
       if (nodes[id].op == Op::kPlaceholder && feeds.count(id) == 0) {
         if (!feeds.empty()) { // a result of its own: the first feed's bytes
-          const Operand& in = feeds.begin()->second;
+          const ArrayRef& in = feeds.begin()->second;
           std::memmove(
               operand.buffer->contents(), in.buffer->contents(), std::min(operand.buffer->bytes(), in.buffer->bytes()));
         }
         continue;
       }
-      if (nodes[id].data_type != operand.data_type) {
+      if (nodes[id].data_type != operand.layout.data_type) {
         unsupported("a result whose data is not of its tensor's type");
       }
-      write(evaluate(id, done), operand);
+      operand.write(evaluate(id, done));
     }
   }
 };
@@ -472,9 +502,9 @@ MPSGraphTensor* newNode(MPSGraph* graph,
   return tensor;
 }
 
-Operand operandOf(MPSGraphTensorData* data) {
+ArrayRef operandOf(MPSGraphTensorData* data) {
   const auto& d = state<TensorDataState>(data);
-  return {sim::metal::bufferOf(d.buffer), d.data_type, dims(d.shape)};
+  return {sim::metal::bufferOf(d.buffer), 0, packedLayout(d.data_type, dims(d.shape))};
 }
 
 } // namespace
@@ -641,12 +671,12 @@ SIM_OBJC_RETAIN_COUNT(GraphState)
   std::map<MPSGraphTensor*, int> index;
   sim::Kernel kernel;
   for (MPSGraphTensor* tensor in feeds) {
-    const Operand in = operandOf([feeds objectForKey:tensor]);
+    const ArrayRef in = operandOf([feeds objectForKey:tensor]);
     kernel.uses.emplace_back(in.buffer, sim::Access::kRead);
     program->feeds.emplace(program->add(tensor, index), in);
   }
   for (MPSGraphTensor* tensor in resultsDictionary) {
-    const Operand out = operandOf([resultsDictionary objectForKey:tensor]);
+    const ArrayRef out = operandOf([resultsDictionary objectForKey:tensor]);
     kernel.uses.emplace_back(out.buffer, sim::Access::kWrite);
     program->results.emplace_back(program->add(tensor, index), out);
   }
@@ -679,21 +709,6 @@ namespace {
 // default, 1). No other kernel is implemented: MPSNDArrayIdentity, which
 // Placeholder uses for views with a non-unit innermost stride, is there
 // for the link only, and any call to it fails as an unrecognised selector.
-struct Layout {
-  MPSDataType data_type = MPSDataTypeInvalid;
-  std::vector<int64_t> sizes, strides;
-
-  // The view whose dimension i is this one's order[i].
-  Layout permuted(const std::vector<size_t>& order) const {
-    Layout out{data_type, {}, {}};
-    for (size_t d : order) {
-      out.sizes.push_back(sizes.at(d));
-      out.strides.push_back(strides.at(d));
-    }
-    return out;
-  }
-};
-
 struct NDArrayDescriptorState {
   Layout packed; // before the transposes
   std::vector<size_t> order; // dimension i is packed's order[i]
@@ -708,46 +723,19 @@ struct NDArrayState {
   }
 };
 
+// A descriptor of `packed`, not transposed.
+MPSNDArrayDescriptor* newDescriptor(Layout packed) {
+  MPSNDArrayDescriptor* descriptor = [MPSNDArrayDescriptor alloc];
+  auto& d = state<NDArrayDescriptorState>(descriptor);
+  for (size_t i = 0; i < packed.sizes.size(); ++i) {
+    d.order.push_back(i);
+  }
+  d.packed = std::move(packed);
+  return [descriptor autorelease];
+}
+
 struct MatrixMultiplicationState {
   NSUInteger sources = 0;
-};
-
-// An array as a kernel reads or writes it.
-struct ArrayRef {
-  sim::BufferPtr buffer;
-  NSUInteger offset;
-  Layout layout;
-
-  // Visits each element, row-major over the layout's sizes; an array
-  // reaching beyond its buffer fails.
-  template <typename F>
-  void forEachElement(F&& f) const {
-    int64_t last = 0;
-    for (size_t d = 0; d < layout.sizes.size(); ++d) {
-      if (layout.strides[d] < 0) {
-        unsupported("an MPSNDArray with a negative stride");
-      }
-      last += (layout.sizes[d] - 1) * layout.strides[d];
-    }
-    visitElement(layout.data_type, [&](auto element) {
-      if (count(layout.sizes) > 0 && offset + (last + 1) * sizeof(element) > buffer->bytes()) {
-        unsupported("an MPSNDArray beyond its buffer");
-      }
-      auto* base = reinterpret_cast<decltype(element)*>(static_cast<unsigned char*>(buffer->contents()) + offset);
-      forEach(layout.sizes, {layout.strides}, [&](int64_t i, const std::vector<int64_t>& o) { f(i, base[o[0]]); });
-    });
-  }
-  Value read() const {
-    Value v{layout.sizes, std::vector<double>(count(layout.sizes))};
-    forEachElement([&](int64_t i, auto& element) { v.data[i] = element; });
-    return v;
-  }
-  void write(const Value& v) const {
-    if (v.shape != layout.sizes) {
-      unsupported("a result whose shape is not its destination array's");
-    }
-    forEachElement([&](int64_t i, auto& element) { element = v.data[i]; });
-  }
 };
 
 ArrayRef arrayRefOf(MPSNDArray* array) {
@@ -770,15 +758,7 @@ MPSNDArray* newArrayView(MPSNDArray* array, Layout layout) {
 SIM_OBJC_STATE(NDArrayDescriptorState)
 SIM_OBJC_RETAIN_COUNT(NDArrayDescriptorState)
 + (instancetype)descriptorWithDataType:(MPSDataType)dataType shape:(MPSShape*)shape {
-  MPSNDArrayDescriptor* descriptor = [MPSNDArrayDescriptor alloc];
-  auto& d = state<NDArrayDescriptorState>(descriptor);
-  d.packed.data_type = dataType;
-  d.packed.sizes = dims(shape);
-  d.packed.strides = broadcastStrides(d.packed.sizes, d.packed.sizes);
-  for (size_t i = 0; i < d.packed.sizes.size(); ++i) {
-    d.order.push_back(i);
-  }
-  return [descriptor autorelease];
+  return newDescriptor(packedLayout(dataType, dims(shape)));
 }
 // Packing is a performance hint: the layout is the same.
 - (void)setPreferPackedRows:(BOOL)prefer {
@@ -807,11 +787,7 @@ SIM_OBJC_RETAIN_COUNT(NDArrayState)
 }
 - (MPSNDArrayDescriptor*)descriptor {
   const Layout& layout = state<NDArrayState>(self).layout;
-  NSMutableArray<NSNumber*>* shape = [NSMutableArray array];
-  for (int64_t size : layout.sizes) {
-    [shape addObject:@(size)];
-  }
-  return [MPSNDArrayDescriptor descriptorWithDataType:layout.data_type shape:shape];
+  return newDescriptor(packedLayout(layout.data_type, layout.sizes));
 }
 - (MPSNDArray*)arrayViewWithCommandBuffer:(id<MTLCommandBuffer>)cmdBuf
                                descriptor:(MPSNDArrayDescriptor*)descriptor
