@@ -91,7 +91,8 @@ void encodeCopy(id<MTLBuffer> src, id<MTLBuffer> dst);
 // The waits the dependency tracker has made so far, of every kind.
 int64_t trackerWaits();
 
-// Runs fn(0) .. fn(n - 1) on n threads at once and joins them.
+// Runs fn(0) .. fn(n - 1) on n threads at once and joins them. An error a
+// thread raises is the test's failure, naming the thread.
 void onThreads(int n, const std::function<void(int)>& fn);
 
 // Polls `done` until it holds or `limit` passes; true if it held.

@@ -166,7 +166,16 @@ void onThreads(int n, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;
   threads.reserve(n);
   for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&fn, i] { fn(i); });
+    threads.emplace_back([&fn, i] {
+      // The pool also drains the ones an error left open on its way out.
+      @autoreleasepool {
+        try {
+          fn(i);
+        } catch (const c10::Error& e) {
+          ADD_FAILURE() << "thread " << i << ": " << e.what_without_backtrace();
+        }
+      }
+    });
   }
   for (auto& t : threads) {
     t.join();
