@@ -1,12 +1,14 @@
-// Copy.mm's copy of an MPS tensor into a CPU tensor of another dtype, which
-// casts through a cached MPSGraph straight into the CPU tensor's memory (a
-// no-copy MTLBuffer over it) and, when blocking, waits for the stream. The
-// simulated graph casts its feed's elements to the result's data type.
+// Copy.mm's copies of an MPS tensor: into a CPU tensor of another dtype,
+// which casts through a cached MPSGraph straight into the CPU tensor's memory
+// (a no-copy MTLBuffer over it) and, when blocking, waits for the stream; and
+// the blits and casts of one source on many streams. The simulated graph
+// casts its feed's elements to the result's data type.
 
 #include "GlueTest.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/native/mps/Copy.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/StreamGuard.h>
 #include <mach/vm_page_size.h>
@@ -135,6 +137,34 @@ TEST_F(GlueTest, BlockingCastCopyWaitsForItsStreamOutsideTheCastGraphsEncodeLock
   EXPECT_FALSE(a_done_before_resume);
   EXPECT_TRUE(counts(dst_a, 0));
   EXPECT_TRUE(counts(dst_b, 7000));
+}
+
+// Eight threads copy one source, which no stream writes any more, on their
+// own streams as threads sharing a model's tensors do: into an MPS tensor of
+// the same dtype (a blit), into one of another dtype (the cast graph) and
+// into the CPU (a non-blocking blit). Every copy reads the source only, so
+// none waits for another stream. With the sources recorded as written, every
+// run raised "neither can go first" on four to six threads, and the tracker
+// counted 100 to 220 waits.
+TEST_F(GlueTest, CopiesOfOneSourceOnManyStreamsNeedNoWaits) {
+  const at::Tensor src = mpsCounting(100);
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  const int64_t waits_before = glue::trackerWaits();
+  glue::onThreads(8, [&](int) {
+    for (int r = 0; r < 5; ++r) {
+      at::Tensor same = glue::mpsTensor(kElements);
+      at::Tensor cast = glue::mpsTensor(kElements, at::kInt);
+      at::Tensor cpu = at::empty({kElements}, at::kLong);
+      copy(same, src, /*non_blocking=*/true);
+      copy(cast, src, /*non_blocking=*/true);
+      copy(cpu, src, /*non_blocking=*/true);
+      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+      EXPECT_EQ(glue::words(glue::bufferOf(same))[kElements - 1], 100 + kElements - 1);
+      EXPECT_TRUE(counts(glue::toCPU(cast), 100));
+      EXPECT_EQ(cpu.const_data_ptr<int64_t>()[kElements - 1], 100 + kElements - 1);
+    }
+  });
+  EXPECT_EQ(glue::trackerWaits(), waits_before);
 }
 
 } // namespace
