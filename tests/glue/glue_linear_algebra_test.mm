@@ -1,0 +1,138 @@
+// The Metal-kernel matrix products of LinearAlgebra.mm (do_metal_mm,
+// do_metal_addmm, do_metal_bmm), which mm, addmm and bmm take for integer
+// tensors, with PYTORCH_MPS_PREFER_METAL, and before macOS 14.4 for
+// dimensions over 2**15. Their bodies are the tests' own, from the bundled
+// shader library (Note [simulated MPSNDArray] covers the graph path's
+// products); what is checked is how the ops record their operands.
+
+#include "GlueTest.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/randint.h>
+#include <c10/core/Scalar.h>
+
+#include <cstdint>
+#include <vector>
+
+// In an anonymous namespace of LinearAlgebra.mm; the build's copies of them
+// (extract_function.py) have external linkage.
+namespace at::native::mps {
+Tensor& do_metal_mm(const Tensor& self, const Tensor& other, Tensor& output);
+Tensor& do_metal_bmm(const Tensor& batch1, const Tensor& batch2, Tensor& output);
+Tensor& do_metal_addmm(const Tensor& self,
+                       const Tensor& other,
+                       Tensor& output,
+                       const Scalar& alpha,
+                       const Scalar& beta,
+                       const Tensor& bias);
+} // namespace at::native::mps
+
+namespace {
+
+using glue::GlueTest;
+
+constexpr int64_t kRows = 3, kInner = 4, kCols = 5, kBatch = 2;
+constexpr int64_t kAlpha = 2, kBeta = 3;
+
+// Declared with their operands `constant`, as their bodies only read them
+// (the hazard detector counts what a body does); the arguments after the
+// buffers are setBytes constants.
+constexpr const char* kMatmulLibrary =
+    "kernel void matmul_long(constant long* mat1, constant long* mat2, device long* output, "
+    "constant long* strides, constant uint* sizes) {}\n"
+    "kernel void addmm_long(constant long* mat1, constant long* mat2, device long* output, constant long* bias, "
+    "constant long* alpha_beta, constant long* strides, constant uint* sizes) {}\n"
+    "kernel void naive_bmm_long(constant long* mat1, constant long* mat2, device long* output, "
+    "constant long* strides, constant uint* sizes) {}\n";
+
+// out[b] = a[b] @ m[b] (+ bias, scaled) for `batches` contiguous products of
+// kRows x kInner and kInner x kCols; the ops pass the sizes as constants,
+// which the simulator does not keep.
+void multiply(const std::vector<sim::BufferPtr>& buffers, int64_t batches, bool addmm) {
+  const auto* a = reinterpret_cast<const int64_t*>(buffers.at(0)->contents());
+  const auto* m = reinterpret_cast<const int64_t*>(buffers.at(1)->contents());
+  auto* out = reinterpret_cast<int64_t*>(buffers.at(2)->contents());
+  const auto* bias = addmm ? reinterpret_cast<const int64_t*>(buffers.at(3)->contents()) : nullptr;
+  for (int64_t b = 0; b < batches; ++b) {
+    for (int64_t i = 0; i < kRows; ++i) {
+      for (int64_t j = 0; j < kCols; ++j) {
+        int64_t sum = 0;
+        for (int64_t k = 0; k < kInner; ++k) {
+          sum += a[(b * kRows + i) * kInner + k] * m[(b * kInner + k) * kCols + j];
+        }
+        out[(b * kRows + i) * kCols + j] = addmm ? kAlpha * sum + kBeta * bias[i * kCols + j] : sum;
+      }
+    }
+  }
+}
+
+void defineMatmulKernels() {
+  sim::metal::setBundledShaderSource(kMatmulLibrary);
+  sim::metal::defineKernel("matmul_long", [](const auto& buffers) { multiply(buffers, 1, false); });
+  sim::metal::defineKernel("addmm_long", [](const auto& buffers) { multiply(buffers, 1, true); });
+  sim::metal::defineKernel("naive_bmm_long", [](const auto& buffers) { multiply(buffers, kBatch, false); });
+}
+
+at::Tensor randomLongs(at::IntArrayRef sizes) {
+  return at::randint(-9, 10, sizes, at::kLong);
+}
+
+// One thread's inputs and the CPU's products of them with the shared
+// operands, made on the main thread: the wheel's CPU matmul checks its
+// precision setting through a function-local static whose guard
+// ThreadSanitizer does not see in the uninstrumented library.
+struct Products {
+  Products(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& batch_weight)
+      : input(randomLongs({kRows, kInner})),
+        batch(randomLongs({kBatch, kRows, kInner})),
+        mm(at::mm(input, weight)),
+        addmm(at::addmm(bias, input, weight, kBeta, kAlpha)),
+        bmm(at::bmm(batch, batch_weight)) {}
+  at::Tensor input, batch, mm, addmm, bmm;
+};
+
+// Eight threads multiply their own inputs by one weight (and add one bias)
+// on their own streams, as threads sharing a model do, with each of the
+// three kernels: the CPU's results, and no cross-stream wait, as the weight
+// and bias are bound as reads. With mm's operands bound as writes, the
+// tracker counted 73 to 77 waits; with bmm's, or addmm's bias, 39; with
+// addmm's weight, 51, and threads raised "neither can go first".
+TEST_F(GlueTest, MetalMatrixProductsOnManyStreamsShareTheirWeightWithoutWaits) {
+  constexpr int kThreads = 8, kRounds = 5;
+  defineMatmulKernels();
+  const at::Tensor cpu_weight = randomLongs({kInner, kCols}), cpu_bias = randomLongs({kRows, kCols});
+  const at::Tensor cpu_batch_weight = randomLongs({kBatch, kInner, kCols});
+  std::vector<Products> expected;
+  for (int i = 0; i < kThreads * kRounds; ++i) {
+    expected.emplace_back(cpu_weight, cpu_bias, cpu_batch_weight);
+  }
+  const at::Tensor weight = glue::toMPS(cpu_weight), bias = glue::toMPS(cpu_bias);
+  const at::Tensor batch_weight = glue::toMPS(cpu_batch_weight);
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  const int64_t waits_before = glue::trackerWaits();
+  glue::onThreads(kThreads, [&](int t) {
+    for (int r = 0; r < kRounds; ++r) {
+      const Products& want = expected[t * kRounds + r];
+      const at::Tensor input = glue::toMPS(want.input), batch = glue::toMPS(want.batch);
+      at::Tensor mm = glue::toMPS(at::empty_like(want.mm));
+      at::Tensor addmm = glue::toMPS(at::empty_like(want.addmm));
+      at::Tensor bmm = glue::toMPS(at::empty_like(want.bmm));
+      @autoreleasepool {
+        at::native::mps::do_metal_mm(input, weight, mm);
+        at::native::mps::do_metal_addmm(input, weight, addmm, kAlpha, kBeta, bias);
+        at::native::mps::do_metal_bmm(batch, batch_weight, bmm);
+      }
+      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+      EXPECT_TRUE(glue::toCPU(mm).equal(want.mm));
+      EXPECT_TRUE(glue::toCPU(addmm).equal(want.addmm));
+      EXPECT_TRUE(glue::toCPU(bmm).equal(want.bmm));
+    }
+  });
+  EXPECT_EQ(glue::trackerWaits(), waits_before);
+}
+
+} // namespace
