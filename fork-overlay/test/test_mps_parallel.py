@@ -220,6 +220,24 @@ class TestMPSCrossThread(_DeviceTestCase):
         self.assertEqual(b.cpu(), a_cpu @ w_cpu, atol=1e-4, rtol=1e-4)
         self.assertEqual(a.cpu(), torch.zeros(512, 512))
 
+    def test_threads_reading_one_tensor(self):
+        # Copies of one tensor and integer matmuls by it (a Metal kernel) on eight threads at once only read it: no
+        # thread waits for another or raises the error for work that two streams need in opposite orders.
+        w_cpu = torch.randint(-9, 10, (64, 64))
+        w = w_cpu.to(self.device)
+        barrier = threading.Barrier(8)
+
+        def read(i):
+            x = torch.full((16, 64), i, device=self.device)
+            barrier.wait(TIMEOUT)
+            for _ in range(20):
+                outs = (w.clone(), w.to(torch.int32), w.cpu(), x @ w)
+            return outs
+
+        for i, (clone, cast, cpu, mm) in enumerate(_Threads(read, 8, barrier).join()):
+            self.assertEqual((clone.cpu(), cast.cpu(), cpu, mm.cpu()),
+                             (w_cpu, w_cpu.int(), w_cpu, torch.full((16, 64), i) @ w_cpu))
+
     def test_outputs_of_exited_threads(self):
         # Threads queue work and exit at once; the main thread reads the results.
         w_cpu = torch.randn(256, 256) / 16
