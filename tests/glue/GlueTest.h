@@ -51,7 +51,8 @@ c10::DataPtr allocated(size_t bytes);
 at::Tensor mpsTensor(int64_t elements, at::ScalarType dtype = at::kLong);
 
 // An MPS tensor with `cpu`'s shape, dtype and values (undefined for an
-// undefined `cpu`), and a CPU copy of an MPS tensor whose work completed.
+// undefined `cpu`), written from the host after the calling thread's stream
+// finished its work; and a CPU copy of an MPS tensor whose work completed.
 at::Tensor toMPS(const at::Tensor& cpu);
 at::Tensor toCPU(const at::Tensor& mps);
 

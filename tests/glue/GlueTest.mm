@@ -92,6 +92,10 @@ at::Tensor toMPS(const at::Tensor& cpu) {
     return {};
   }
   at::Tensor t = mpsTensor(cpu.numel(), cpu.scalar_type()).view(cpu.sizes());
+  // The block may come back from work queued on this stream, which another
+  // thread sharing the stream can have encoded: a write from the host waits
+  // for that work first.
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
   std::memcpy(sim::metal::bufferOf(bufferOf(t))->contents(), cpu.const_data_ptr(), cpu.nbytes());
   return t;
 }

@@ -122,8 +122,9 @@ TEST_F(GlueTest, LinearWhileAnotherStreamEncodesTakesTheGraphPathAndMatchesTheCP
   worker.join();
 }
 
-// One weight and bias that `threads` threads apply to inputs of their own,
-// with the CPU's results. These are computed here: the wheel is not built
+// One weight and bias that `threads` threads apply to inputs of their own
+// (of eight magnitudes, which expectClose's tolerance allows), with the
+// CPU's results. These are computed here: the wheel is not built
 // with ThreadSanitizer, which does not see the guard of the function-local
 // statics its CPU linear makes on first use, and reports them as racing when
 // threads call it at once.
@@ -135,7 +136,7 @@ struct SharedModel {
     weight = glue::toMPS(cpu_weight);
     bias = glue::toMPS(cpu_bias);
     for (int t = 0; t < threads; ++t) {
-      inputs.push_back(at::randn({4, 64}) * (t + 1));
+      inputs.push_back(at::randn({4, 64}) * (t % 8 + 1));
       expected.push_back(at::linear(inputs[t], cpu_weight, cpu_bias));
     }
   }
@@ -203,6 +204,24 @@ TEST_F(GlueTest, LinearOnStreamsJoiningALoneStreamNeedsNoOrder) {
     }
   });
   EXPECT_EQ(glue::trackerWaits(), waits_before);
+}
+
+// More threads than the pool has worker streams, so that some share one:
+// their ops interleave in one serial section and one command buffer, and a
+// block one thread frees comes back to another on the same stream while the
+// first one's linear may still read it. The results are the CPU's. Before
+// toMPS waited for the stream, its write from the host overtook such reads,
+// and 8 to 13 of 20 runs gave wrong results.
+TEST_F(GlueTest, LinearOnMoreThreadsThanStreams) {
+  constexpr int kThreads = at::mps::kStreamsPerPool + 8;
+  const SharedModel model(kThreads);
+  glue::onThreads(kThreads, [&](int t) {
+    for (int r = 0; r < 5; ++r) {
+      const at::Tensor out = runLinear(glue::toMPS(model.inputs[t]), model.weight, model.bias);
+      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+      glue::expectClose(glue::toCPU(out), model.expected[t], "out");
+    }
+  });
 }
 
 // The MPS profiler, with operation and copy statistics and signpost
