@@ -7,15 +7,23 @@
 
 #include "GlueTest.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/allclose.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/eye.h>
+#include <ATen/ops/linalg_solve_triangular.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/core/Scalar.h>
+#include <c10/core/StreamGuard.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 // In an anonymous namespace of LinearAlgebra.mm; the build's copies of them
@@ -29,6 +37,14 @@ Tensor& do_metal_addmm(const Tensor& self,
                        const Scalar& alpha,
                        const Scalar& beta,
                        const Tensor& bias);
+Tensor& tiled_bmm_out_mps_impl(const Tensor& batch1, const Tensor& batch2, Tensor& result);
+Tensor& linalg_solve_triangular_mps_impl(const Tensor& A,
+                                         const Tensor& B,
+                                         bool upper,
+                                         bool transpose,
+                                         bool left,
+                                         bool unitriangular,
+                                         Tensor& out);
 } // namespace at::native::mps
 
 namespace {
@@ -133,6 +149,73 @@ TEST_F(GlueTest, MetalMatrixProductsOnManyStreamsShareTheirWeightWithoutWaits) {
     }
   });
   EXPECT_EQ(glue::trackerWaits(), waits_before);
+}
+
+// On stream 1, a kernel leaves its compute pass open and then `op` writes
+// `result` (an MPS tensor), ending that pass and encoding its own; on
+// stream 2, a kernel copies `result`. The copy must wait for `op`'s pass,
+// not only the pass before it: it must hold `expected` (the CPU's), and the
+// two streams must not touch `result` at once. The products and solves are
+// large enough (256 x 256, in double precision on the simulated GPU) that a
+// copy which waited for the earlier pass alone runs while they compute.
+void expectAnotherStreamsReadWaitsForThePassOf(const std::function<void()>& op,
+                                               const at::Tensor& result,
+                                               const at::Tensor& expected) {
+  const at::Tensor copy = glue::toMPS(at::zeros_like(expected));
+  at::mps::MPSStream* first = at::mps::getMPSStream(1);
+  at::mps::MPSStream* second = at::mps::getMPSStream(2);
+  {
+    c10::StreamGuard guard(first->unwrap());
+    const at::Tensor scratch = glue::mpsTensor(8);
+    glue::encodeKernel({glue::bufferOf(scratch)}, [] {});
+    @autoreleasepool {
+      op();
+    }
+    first->synchronize(at::mps::SyncType::COMMIT);
+  }
+  {
+    c10::StreamGuard guard(second->unwrap());
+    glue::encodeCopy(glue::bufferOf(result), glue::bufferOf(copy));
+    second->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  }
+  first->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  EXPECT_TRUE(at::allclose(glue::toCPU(copy), expected, 1e-3, 1e-3));
+}
+
+// The tiled bmm (MPSNDArrayMatrixMultiplication, which bmm takes for
+// outputs of more than 2**32 elements) ends the open pass and encodes in a
+// pass of its own. With its uses recorded before that, 6 of 6 runs copied
+// the old result, and the hazard detector reported the overlap. It also
+// leaked its kernel object on every call (LeakSanitizer, in the asan
+// variant), which it now autoreleases.
+TEST_F(GlueTest, TiledBmmOrdersAnotherStreamsReadAfterItsOwnPass) {
+  at::manual_seed(5);
+  const at::Tensor cpu_a = at::randn({1, 256, 256}), cpu_b = at::randn({1, 256, 256});
+  const at::Tensor expected = at::bmm(cpu_a, cpu_b);
+  const at::Tensor a = glue::toMPS(cpu_a), b = glue::toMPS(cpu_b);
+  at::Tensor result = glue::toMPS(at::zeros_like(expected));
+  expectAnotherStreamsReadWaitsForThePassOf(
+      [&] { at::native::mps::tiled_bmm_out_mps_impl(a, b, result); }, result, expected);
+}
+
+// linalg.solve_triangular (MPSMatrixSolveTriangular, Note [simulated
+// MPSMatrix]) ends the open pass too and encodes the solve after it. With
+// its uses recorded before that, 6 of 6 runs copied the old result.
+TEST_F(GlueTest, SolveTriangularOrdersAnotherStreamsReadAfterItsOwnPass) {
+  at::manual_seed(6);
+  // Well conditioned: a unit-scale upper triangle over a dominant diagonal.
+  const at::Tensor cpu_a = at::randn({256, 256}).triu() / 16 + at::eye(256) * 4;
+  const at::Tensor cpu_b = at::randn({256, 256});
+  const at::Tensor expected = at::linalg_solve_triangular(cpu_a, cpu_b, /*upper=*/true);
+  const at::Tensor a = glue::toMPS(cpu_a), b = glue::toMPS(cpu_b);
+  at::Tensor result = glue::toMPS(at::zeros_like(expected));
+  expectAnotherStreamsReadWaitsForThePassOf(
+      [&] {
+        at::native::mps::linalg_solve_triangular_mps_impl(
+            a, b, /*upper=*/true, /*transpose=*/false, /*left=*/true, /*unitriangular=*/false, result);
+      },
+      result,
+      expected);
 }
 
 } // namespace

@@ -840,6 +840,148 @@ SIM_OBJC_RETAIN_COUNT(MatrixMultiplicationState)
 }
 @end
 
+namespace {
+
+// Note [simulated MPSMatrix]
+// An MPSMatrix is `matrices` row-major matrices of a buffer, from a byte
+// offset, rowBytes and matrixBytes apart. MPSMatrixSolveTriangular solves
+// op(A) X = alpha B for each matrix, with A on the left (the only side
+// implemented) and op(A) = A or its transpose, in double precision; it
+// encodes its own compute pass into the command buffer, reading A and B and
+// writing X, as Apple's kernels do.
+struct MatrixDescriptorState {
+  Layout layout; // matrices, rows, columns
+};
+
+struct MatrixState {
+  id<MTLBuffer> buffer = nil;
+  NSUInteger offset = 0;
+  Layout layout;
+  ~MatrixState() {
+    [buffer release];
+  }
+};
+
+struct SolveTriangularState {
+  bool upper = false, transpose = false, unit = false;
+  double alpha = 1.0;
+};
+
+ArrayRef matrixRefOf(MPSMatrix* matrix) {
+  const auto& m = state<MatrixState>(matrix);
+  return {sim::metal::bufferOf(m.buffer), m.offset, m.layout};
+}
+
+// Solves op(A) X = alpha B for every matrix of A (n x n) and B (n x k).
+Value solveTriangular(const Value& a, const Value& b, const SolveTriangularState& how) {
+  const int64_t n = a.shape[1], k = b.shape[2];
+  const bool upper = how.upper != how.transpose; // of op(A)
+  auto op = [&](int64_t m, int64_t r, int64_t c) {
+    return how.transpose ? a.data[(m * n + c) * n + r] : a.data[(m * n + r) * n + c];
+  };
+  Value x{b.shape, std::vector<double>(b.data.size())};
+  for (int64_t m = 0; m < a.shape[0]; ++m) {
+    for (int64_t step = 0; step < n; ++step) {
+      const int64_t r = upper ? n - 1 - step : step;
+      for (int64_t c = 0; c < k; ++c) {
+        double sum = how.alpha * b.data[(m * n + r) * k + c];
+        for (int64_t j = upper ? r + 1 : 0; j < (upper ? n : r); ++j) {
+          sum -= op(m, r, j) * x.data[(m * n + j) * k + c];
+        }
+        x.data[(m * n + r) * k + c] = how.unit ? sum : sum / op(m, r, r);
+      }
+    }
+  }
+  return x;
+}
+
+} // namespace
+
+@implementation MPSMatrixDescriptor
+SIM_OBJC_STATE(MatrixDescriptorState)
+SIM_OBJC_RETAIN_COUNT(MatrixDescriptorState)
++ (MPSMatrixDescriptor*)matrixDescriptorWithRows:(NSUInteger)rows
+                                         columns:(NSUInteger)columns
+                                        rowBytes:(NSUInteger)rowBytes
+                                        dataType:(MPSDataType)dataType {
+  return [self matrixDescriptorWithRows:rows
+                                columns:columns
+                               matrices:1
+                               rowBytes:rowBytes
+                            matrixBytes:rows * rowBytes
+                               dataType:dataType];
+}
++ (MPSMatrixDescriptor*)matrixDescriptorWithRows:(NSUInteger)rows
+                                         columns:(NSUInteger)columns
+                                        matrices:(NSUInteger)matrices
+                                        rowBytes:(NSUInteger)rowBytes
+                                     matrixBytes:(NSUInteger)matrixBytes
+                                        dataType:(MPSDataType)dataType {
+  size_t element = 0;
+  visitElement(dataType, [&](auto e) { element = sizeof(e); });
+  if (rowBytes % element != 0 || matrixBytes % element != 0) {
+    unsupported("a matrix whose rows or matrices are not a whole number of elements apart");
+  }
+  MPSMatrixDescriptor* descriptor = [[MPSMatrixDescriptor alloc] autorelease];
+  state<MatrixDescriptorState>(descriptor).layout = {
+      dataType,
+      {static_cast<int64_t>(matrices), static_cast<int64_t>(rows), static_cast<int64_t>(columns)},
+      {static_cast<int64_t>(matrixBytes / element), static_cast<int64_t>(rowBytes / element), 1}};
+  return descriptor;
+}
+@end
+
+@implementation MPSMatrix
+SIM_OBJC_STATE(MatrixState)
+SIM_OBJC_RETAIN_COUNT(MatrixState)
+- (instancetype)initWithBuffer:(id<MTLBuffer>)buffer descriptor:(MPSMatrixDescriptor*)descriptor {
+  return [self initWithBuffer:buffer offset:0 descriptor:descriptor];
+}
+- (instancetype)initWithBuffer:(id<MTLBuffer>)buffer
+                        offset:(NSUInteger)offset
+                    descriptor:(MPSMatrixDescriptor*)descriptor {
+  auto& m = state<MatrixState>(self);
+  m.buffer = [buffer retain];
+  m.offset = offset;
+  m.layout = state<MatrixDescriptorState>(descriptor).layout;
+  return self;
+}
+@end
+
+@implementation MPSMatrixSolveTriangular
+SIM_OBJC_STATE(SolveTriangularState)
+SIM_OBJC_RETAIN_COUNT(SolveTriangularState)
+- (instancetype)initWithDevice:(id<MTLDevice>)device
+                         right:(BOOL)right
+                         upper:(BOOL)upper
+                     transpose:(BOOL)transpose
+                          unit:(BOOL)unit
+                         order:(NSUInteger)order
+        numberOfRightHandSides:(NSUInteger)numberOfRightHandSides
+                         alpha:(double)alpha {
+  if (right) {
+    unsupported("a triangular solve with A on the right");
+  }
+  state<SolveTriangularState>(self) = {
+      static_cast<bool>(upper), static_cast<bool>(transpose), static_cast<bool>(unit), alpha};
+  return self;
+}
+- (void)encodeToCommandBuffer:(id<MTLCommandBuffer>)commandBuffer
+                 sourceMatrix:(MPSMatrix*)sourceMatrix
+          rightHandSideMatrix:(MPSMatrix*)rightHandSideMatrix
+               solutionMatrix:(MPSMatrix*)solutionMatrix {
+  const ArrayRef a = matrixRefOf(sourceMatrix), b = matrixRefOf(rightHandSideMatrix), x = matrixRefOf(solutionMatrix);
+  sim::Kernel kernel;
+  kernel.uses = {{a.buffer, sim::Access::kRead}, {b.buffer, sim::Access::kRead}, {x.buffer, sim::Access::kWrite}};
+  kernel.body = [a, b, x, how = state<SolveTriangularState>(self)] {
+    x.write(solveTriangular(a.read(), b.read(), how));
+  };
+  id<MTLComputeCommandEncoder> encoder = [commandBuffer computeCommandEncoder];
+  sim::metal::dispatchKernel(encoder, std::move(kernel));
+  [encoder endEncoding];
+}
+@end
+
 // For the link only (Note [simulated MPSNDArray]).
 #define SIM_LINK_ONLY_CLASS(name)  \
   @implementation name             \
@@ -847,6 +989,7 @@ SIM_OBJC_RETAIN_COUNT(MatrixMultiplicationState)
   SIM_OBJC_RETAIN_COUNT(Stateless) \
   @end
 SIM_LINK_ONLY_CLASS(MPSKernel)
+SIM_LINK_ONLY_CLASS(MPSMatrixBinaryKernel)
 SIM_LINK_ONLY_CLASS(MPSNDArrayMultiaryBase)
 SIM_LINK_ONLY_CLASS(MPSNDArrayMultiaryKernel)
 SIM_LINK_ONLY_CLASS(MPSNDArrayUnaryKernel)
