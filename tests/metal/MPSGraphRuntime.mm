@@ -738,7 +738,8 @@ struct MatrixMultiplicationState {
   NSUInteger sources = 0;
 };
 
-ArrayRef arrayRefOf(MPSNDArray* array) {
+// An MPSNDArray's elements, or an MPSMatrix's (which keeps the same state).
+ArrayRef arrayRefOf(id array) {
   const auto& a = state<NDArrayState>(array);
   return {sim::metal::bufferOf(a.buffer), a.offset, a.layout};
 }
@@ -853,24 +854,10 @@ struct MatrixDescriptorState {
   Layout layout; // matrices, rows, columns
 };
 
-struct MatrixState {
-  id<MTLBuffer> buffer = nil;
-  NSUInteger offset = 0;
-  Layout layout;
-  ~MatrixState() {
-    [buffer release];
-  }
-};
-
 struct SolveTriangularState {
   bool upper = false, transpose = false, unit = false;
   double alpha = 1.0;
 };
-
-ArrayRef matrixRefOf(MPSMatrix* matrix) {
-  const auto& m = state<MatrixState>(matrix);
-  return {sim::metal::bufferOf(m.buffer), m.offset, m.layout};
-}
 
 // Solves op(A) X = alpha B for every matrix of A (n x n) and B (n x k).
 Value solveTriangular(const Value& a, const Value& b, const SolveTriangularState& how) {
@@ -932,15 +919,15 @@ SIM_OBJC_RETAIN_COUNT(MatrixDescriptorState)
 @end
 
 @implementation MPSMatrix
-SIM_OBJC_STATE(MatrixState)
-SIM_OBJC_RETAIN_COUNT(MatrixState)
+SIM_OBJC_STATE(NDArrayState)
+SIM_OBJC_RETAIN_COUNT(NDArrayState)
 - (instancetype)initWithBuffer:(id<MTLBuffer>)buffer descriptor:(MPSMatrixDescriptor*)descriptor {
   return [self initWithBuffer:buffer offset:0 descriptor:descriptor];
 }
 - (instancetype)initWithBuffer:(id<MTLBuffer>)buffer
                         offset:(NSUInteger)offset
                     descriptor:(MPSMatrixDescriptor*)descriptor {
-  auto& m = state<MatrixState>(self);
+  auto& m = state<NDArrayState>(self);
   m.buffer = [buffer retain];
   m.offset = offset;
   m.layout = state<MatrixDescriptorState>(descriptor).layout;
@@ -970,7 +957,7 @@ SIM_OBJC_RETAIN_COUNT(SolveTriangularState)
                  sourceMatrix:(MPSMatrix*)sourceMatrix
           rightHandSideMatrix:(MPSMatrix*)rightHandSideMatrix
                solutionMatrix:(MPSMatrix*)solutionMatrix {
-  const ArrayRef a = matrixRefOf(sourceMatrix), b = matrixRefOf(rightHandSideMatrix), x = matrixRefOf(solutionMatrix);
+  const ArrayRef a = arrayRefOf(sourceMatrix), b = arrayRefOf(rightHandSideMatrix), x = arrayRefOf(solutionMatrix);
   sim::Kernel kernel;
   kernel.uses = {{a.buffer, sim::Access::kRead}, {b.buffer, sim::Access::kRead}, {x.buffer, sim::Access::kWrite}};
   kernel.body = [a, b, x, how = state<SolveTriangularState>(self)] {
