@@ -1,9 +1,11 @@
-// The Metal-kernel matrix products of LinearAlgebra.mm (do_metal_mm,
+// Ops of LinearAlgebra.mm, checked for how they record their buffers with
+// the dependency tracker: the Metal-kernel matrix products (do_metal_mm,
 // do_metal_addmm, do_metal_bmm), which mm, addmm and bmm take for integer
 // tensors, with PYTORCH_MPS_PREFER_METAL, and before macOS 14.4 for
-// dimensions over 2**15. Their bodies are the tests' own, from the bundled
-// shader library (Note [simulated MPSNDArray] covers the graph path's
-// products); what is checked is how the ops record their operands.
+// dimensions over 2**15, with bodies the tests define in the bundled shader
+// library; and the tiled bmm and linalg.solve_triangular, which encode
+// Apple's kernels (Note [simulated MPSNDArray], Note [simulated MPSMatrix])
+// in a pass of their own.
 
 #include "GlueTest.h"
 
@@ -26,8 +28,8 @@
 #include <functional>
 #include <vector>
 
-// In an anonymous namespace of LinearAlgebra.mm; the build's copies of them
-// (extract_function.py) have external linkage.
+// Static, or in an anonymous namespace, in LinearAlgebra.mm; the build's
+// copies of them (extract_function.py) have external linkage.
 namespace at::native::mps {
 Tensor& do_metal_mm(const Tensor& self, const Tensor& other, Tensor& output);
 Tensor& do_metal_bmm(const Tensor& batch1, const Tensor& batch2, Tensor& output);
