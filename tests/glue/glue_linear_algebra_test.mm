@@ -100,9 +100,8 @@ at::Tensor randomLongs(at::IntArrayRef sizes) {
 }
 
 // One thread's inputs and the CPU's products of them with the shared
-// operands, made on the main thread: the wheel's CPU matmul checks its
-// precision setting through a function-local static whose guard
-// ThreadSanitizer does not see in the uninstrumented library.
+// operands, made before the threads start (see glue_linear_test.mm's
+// SharedModel).
 struct Products {
   Products(const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& batch_weight)
       : input(randomLongs({kRows, kInner})),
