@@ -224,12 +224,13 @@ def header_langs(text):
     return ["objc++"] if OBJC_SYNTAX.search(code) else ["c++"]
 
 
-def list_callers(callers_dir):
+def list_callers(callers_dir, skipped):
     """Untouched v2.9-era files that use the APIs the patch changes
     (tests/compile/callers.tsv): compiled as they are against the baseline
     and the patched headers. A caller whose note says "baseline does not
     compile: <reason>" is not compiled and is reported SKIPPED with that
-    reason, so that the verdict rests only on callers that compile."""
+    reason, so that the verdict rests only on callers that compile. Paths in
+    `skipped` (callers the overlay edits) are units of list_units()."""
     units = []
     with open(CALLERS_TSV, encoding="utf-8") as f:
         for line in f:
@@ -237,6 +238,8 @@ def list_callers(callers_dir):
                 continue
             cols = line.rstrip("\n").split("\t")
             path = cols[0]
+            if path in skipped:
+                continue
             u = Unit(path, "caller-tu", "objc++" if path.endswith(".mm") else "c++")
             u.source = os.path.join(callers_dir, path)
             m = CALLER_SKIP.search(cols[7] if len(cols) > 7 else "")
@@ -510,7 +513,7 @@ def main():
                 os.makedirs(os.path.dirname(os.path.join(patched_tree, path)), exist_ok=True)
                 shutil.copyfile(os.path.join(base_tree, path), os.path.join(patched_tree, path))
         units = list_units(ov, patched_tree, args.jit_shaders, args.unchanged) + list_callers(
-            os.path.abspath(args.callers))
+            os.path.abspath(args.callers), set(quietly(ov.edited_paths)) | set(args.unchanged))
         compiler = Compiler(include, args.cache)
     except SetupError as e:
         shutil.rmtree(work, ignore_errors=True)

@@ -31,6 +31,12 @@ PATCH = os.path.join(ROOT, "patches", "cumulative-v2.9.1-to-mps-stream-pool.patc
 UPSTREAM_SHAS = os.path.join(ROOT, "patches", "upstream-blobs.tsv")
 DEFAULT_BASELINE = os.path.join(
     os.path.expanduser("~"), ".cache", "pytorch-v2.9.1-mps-baseline")
+# The baseline kit rebuilds 23 files. An edited file beyond them is the text
+# scripts/index_reads.py saved from the public index (tests/compile/callers.tsv),
+# taken into the baseline cache only when it has the v2.9.1 blob SHA that
+# patches/upstream-blobs.tsv pins.
+INDEX_READS = os.path.join(
+    os.path.expanduser("~"), ".cache", "pytorch-v2.9-mps-callers-resolved")
 DIFF_SUFFIX = ".diff"
 
 
@@ -206,7 +212,25 @@ def resolve_tree(args):
     if not os.path.isdir(tree):
         fail(f"no PyTorch tree at {tree}: pass --pytorch DIR (a v2.9.1 checkout) "
              "or rebuild the baseline cache (see README)")
+    if tree == DEFAULT_BASELINE:
+        complete_baseline(tree)
     return tree
+
+
+def complete_baseline(tree):
+    """Copies into the baseline cache the edited files the kit does not
+    rebuild, from INDEX_READS, where their blob is v2.9.1's."""
+    shas = read_upstream_shas()
+    for path in edited_paths():
+        src, dst = os.path.join(INDEX_READS, path), os.path.join(tree, path)
+        if os.path.exists(dst) or not os.path.isfile(src):
+            continue
+        with open(src, "rb") as f:
+            data = f.read()
+        if blob_sha(data) == shas.get(path):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            with open(dst, "wb") as f:
+                f.write(data)
 
 
 def cmd_verify(args):

@@ -1,8 +1,5 @@
 #include <ATen/mps/MPSFrameworkWorkarounds.h>
 
-#include <ATen/mps/MPSThreadAnnotations.h>
-#include <c10/util/Exception.h>
-
 #include <array>
 #include <cstdlib>
 
