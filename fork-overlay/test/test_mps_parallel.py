@@ -221,8 +221,9 @@ class TestMPSCrossThread(_DeviceTestCase):
         self.assertEqual(a.cpu(), torch.zeros(512, 512))
 
     def test_threads_reading_one_tensor(self):
-        # Copies of one tensor and integer matmuls by it (a Metal kernel) on eight threads at once only read it: no
-        # thread waits for another or raises the error for work that two streams need in opposite orders.
+        # Copies of one tensor, also to and from strided views (gather and scatter kernels), and integer matmuls by it
+        # (a Metal kernel) on eight threads at once only read it: no thread waits for another or raises the error for
+        # work that two streams need in opposite orders.
         w_cpu = torch.randint(-9, 10, (64, 64))
         w = w_cpu.to(self.device)
         barrier = threading.Barrier(8)
@@ -231,12 +232,13 @@ class TestMPSCrossThread(_DeviceTestCase):
             x = torch.full((16, 64), i, device=self.device)
             barrier.wait(TIMEOUT)
             for _ in range(20):
-                outs = (w.clone(), w.to(torch.int32), w.cpu(), x @ w)
+                outs = (w.clone(), w.to(torch.int32), w.cpu(), x @ w, w.t().contiguous(),
+                        torch.empty_like(w).t().copy_(w))
             return outs
 
-        for i, (clone, cast, cpu, mm) in enumerate(_Threads(read, 8, barrier).join()):
-            self.assertEqual((clone.cpu(), cast.cpu(), cpu, mm.cpu()),
-                             (w_cpu, w_cpu.int(), w_cpu, torch.full((16, 64), i) @ w_cpu))
+        for i, (clone, cast, cpu, mm, gathered, scattered) in enumerate(_Threads(read, 8, barrier).join()):
+            self.assertEqual((clone.cpu(), cast.cpu(), cpu, mm.cpu(), gathered.cpu(), scattered.cpu()),
+                             (w_cpu, w_cpu.int(), w_cpu, torch.full((16, 64), i) @ w_cpu, w_cpu.t(), w_cpu))
 
     def test_outputs_of_exited_threads(self):
         # Threads queue work and exit at once; the main thread reads the results.

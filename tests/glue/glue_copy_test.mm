@@ -1,7 +1,8 @@
 // Copy.mm's copies of an MPS tensor: into a CPU tensor of another dtype,
 // which casts through a cached MPSGraph straight into the CPU tensor's memory
 // (a no-copy MTLBuffer over it) and, when blocking, waits for the stream; and
-// the blits and casts of one source on many streams. The simulated graph
+// the blits and casts of one source on many streams, and copies of strided
+// views, which View.mm's gather and scatter kernels make. The simulated graph
 // casts its feed's elements to the result's data type.
 
 #include "GlueTest.h"
@@ -164,6 +165,69 @@ TEST_F(GlueTest, CopiesOfOneSourceOnManyStreamsNeedNoWaits) {
       EXPECT_EQ(glue::words(glue::bufferOf(same))[kElements - 1], 100 + kElements - 1);
       EXPECT_TRUE(counts(glue::toCPU(cast), 100));
       EXPECT_EQ(cpu.const_data_ptr<int64_t>()[kElements - 1], 100 + kElements - 1);
+    }
+  });
+  EXPECT_EQ(glue::trackerWaits(), waits_before);
+}
+
+constexpr int64_t kRows = 20, kCols = kElements / kRows;
+
+// View.mm's gather (a strided source into a contiguous tensor) and scatter
+// (a contiguous source into a strided tensor) of the views below: both
+// write, at c * kRows + r of their second buffer, element r * kCols + c of
+// their first. The simulator does not keep the sizes and strides the ops
+// pass as constants.
+void defineTransposingKernels() {
+  const auto transpose = [](const std::vector<sim::BufferPtr>& buffers) {
+    const auto* in = reinterpret_cast<const int64_t*>(buffers.at(0)->contents());
+    auto* out = reinterpret_cast<int64_t*>(buffers.at(1)->contents());
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t c = 0; c < kCols; ++c) {
+        out[c * kRows + r] = in[r * kCols + c];
+      }
+    }
+  };
+  sim::metal::defineKernel("gather_kernel_2", transpose);
+  sim::metal::defineKernel("scatter_kernel_2", transpose);
+}
+
+bool transposed(const int64_t* t, int64_t first) {
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t c = 0; c < kCols; ++c) {
+      if (t[c * kRows + r] != first + r * kCols + c) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Eight threads copy strided views of one source, as threads that share a
+// model's weight and transpose it do: its transpose into an MPS tensor and
+// into the CPU (View.mm's gather), and the source into the transpose of an
+// MPS tensor of their own (its scatter). The kernels only read the source,
+// so no copy waits for another stream. With the source bound as a write,
+// every run raised "neither can go first" on five to seven threads, and the
+// tracker counted 70 to 94 waits (27 to 57 with the scatter's alone, 105 to
+// 121 with the gather's alone).
+TEST_F(GlueTest, StridedCopiesOfOneSourceOnManyStreamsNeedNoWaits) {
+  defineTransposingKernels();
+  const at::Tensor src = mpsCounting(100).view({kRows, kCols});
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  const int64_t waits_before = glue::trackerWaits();
+  glue::onThreads(8, [&](int) {
+    for (int r = 0; r < 5; ++r) {
+      at::Tensor gathered = glue::mpsTensor(kElements).view({kCols, kRows});
+      at::Tensor cpu = at::empty({kCols, kRows}, at::kLong);
+      at::Tensor scattered = glue::mpsTensor(kElements).view({kCols, kRows});
+      at::Tensor scattered_t = scattered.t();
+      copy(gathered, src.t(), /*non_blocking=*/true);
+      copy(cpu, src.t(), /*non_blocking=*/false);
+      copy(scattered_t, src, /*non_blocking=*/true);
+      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+      EXPECT_TRUE(transposed(glue::words(glue::bufferOf(gathered)), 100));
+      EXPECT_TRUE(transposed(cpu.const_data_ptr<int64_t>(), 100));
+      EXPECT_TRUE(transposed(glue::words(glue::bufferOf(scattered)), 100));
     }
   });
   EXPECT_EQ(glue::trackerWaits(), waits_before);
