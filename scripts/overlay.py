@@ -223,14 +223,18 @@ def complete_baseline(tree):
     shas = read_upstream_shas()
     for path in edited_paths():
         src, dst = os.path.join(INDEX_READS, path), os.path.join(tree, path)
-        if os.path.exists(dst) or not os.path.isfile(src):
+        if os.path.exists(dst):
             continue
+        if not os.path.isfile(src):
+            fail(f"{tree} lacks {path}, which the baseline kit does not rebuild: save the index read "
+                 "tests/compile/callers.tsv names for it and run scripts/index_reads.py")
         with open(src, "rb") as f:
             data = f.read()
-        if blob_sha(data) == shas.get(path):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            with open(dst, "wb") as f:
-                f.write(data)
+        if blob_sha(data) != shas.get(path):
+            fail(f"{src} is not v2.9.1's blob {shas.get(path)} (patches/upstream-blobs.tsv)")
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        with open(dst, "wb") as f:
+            f.write(data)
 
 
 def cmd_verify(args):
