@@ -145,6 +145,9 @@ struct ComputeEncoderState {
   EncoderPtr encoder;
   id<MTLDevice> device = nil;
   std::map<NSUInteger, id<MTLBuffer>> bound; // retained while bound
+  // Buffers the kernels reach through an argument buffer, made resident by
+  // useResource:usage: for the rest of the pass (retained until then).
+  std::vector<std::pair<id<MTLBuffer>, Access>> resident;
   std::function<void()> next_body; // set by dispatchKernel()
   KernelFunction function; // of the pipeline state set last
   void unbindAll() {
@@ -152,6 +155,10 @@ struct ComputeEncoderState {
       [buffer release];
     }
     bound.clear();
+    for (auto& [buffer, access] : resident) {
+      [buffer release];
+    }
+    resident.clear();
   }
   ~ComputeEncoderState() {
     unbindAll();
@@ -445,15 +452,30 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
   [slot release];
   slot = buffer;
 }
+- (void)useResource:(id<MTLResource>)resource usage:(MTLResourceUsage)usage {
+  id<MTLBuffer> buffer = (id<MTLBuffer>)resource;
+  [buffer retain];
+  state<ComputeEncoderState>(self).resident.emplace_back(
+      buffer, (usage & MTLResourceUsageWrite) != 0 ? Access::kWrite : Access::kRead);
+}
 - (void)setComputePipelineState:(id<MTLComputePipelineState>)pipeline {
   state<ComputeEncoderState>(self).function = state<PipelineState>(pipeline).function;
 }
-// Constant arguments are not buffers: the hazard detector has nothing to see.
+// Constant arguments are not buffers: the hazard detector has nothing to
+// see. They take the index's place, so a buffer bound there before (by an
+// earlier dispatch of the pass) is no longer an argument.
 - (void)setBytes:(const void*)bytes length:(NSUInteger)length atIndex:(NSUInteger)index {
+  auto& s = state<ComputeEncoderState>(self);
+  const auto slot = s.bound.find(index);
+  if (slot != s.bound.end()) {
+    [slot->second release];
+    s.bound.erase(slot);
+  }
 }
 // The body is dispatchKernel()'s, else the one defineKernel() gave the
 // pipeline's function, else none. A buffer counts as written unless the
-// pipeline's function declares its argument read-only.
+// pipeline's function declares its argument read-only; a resident one as
+// its usage says.
 - (void)dispatchKernel {
   auto& s = state<ComputeEncoderState>(self);
   Kernel kernel;
@@ -462,6 +484,9 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
     kernel.uses.emplace_back(bufferOf(buffer),
                              declared == s.function.arguments.end() ? Access::kWrite : declared->second);
   }
+  for (auto& [buffer, access] : s.resident) {
+    kernel.uses.emplace_back(bufferOf(buffer), access);
+  }
   kernel.body = std::move(s.next_body);
   s.next_body = nullptr;
   if (!kernel.body && !s.function.name.empty()) {
@@ -469,7 +494,7 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
     MutexLock lock(c.mu);
     auto defined = c.kernels.find(s.function.name);
     if (defined != c.kernels.end()) {
-      std::vector<BufferPtr> buffers; // bound in index order
+      std::vector<BufferPtr> buffers; // bound in index order, then the resident ones
       for (const auto& use : kernel.uses) {
         buffers.push_back(use.first);
       }

@@ -65,9 +65,10 @@ void dispatchKernel(id<MTLComputeCommandEncoder> encoder, Kernel kernel);
 // `kernel void NAME(` of the source, and fails with
 // MTLLibraryErrorCompileFailure and MESSAGE for a source with a line
 // `#error MESSAGE`. A dispatch with the pipeline state of function NAME runs
-// the body defined for NAME, with the buffers bound in index order; the
-// hazard detector counts a buffer as read if NAME declares its argument
-// `constant` or `const device`, else as written.
+// the body defined for NAME, with the buffers bound in index order and then
+// those made resident with useResource:usage:; the hazard detector counts a
+// bound buffer as read if NAME declares its argument `constant` or
+// `const device`, else as written, and a resident one as its usage says.
 using KernelBody = std::function<void(const std::vector<BufferPtr>& buffers)>;
 void defineKernel(const std::string& function, KernelBody body);
 // Calls of newLibraryWithSource: and newComputePipelineStateWithFunction:
