@@ -2,17 +2,18 @@
 """Copies definitions of an Objective-C++ file, with the file's includes, into
 a file of their own, where the functions have external linkage.
 
-  extract_function.py IN OUT NAMESPACE::NAME...
+  extract_function.py IN OUT NAMESPACE::NAME[/COUNT]...
 
 The glue build cannot compile some op files whole (their object subscripting
 needs a runtime that GCC's is not), but it can compile parts of them that
-use none. For each NAME, in the order given, the definition that starts at
+use none. For each NAME, in the order given, the definitions that start at
 the beginning of a line naming `NAME(` (a function, copied to the first line
-that is `}`, without the word `static`) or `NAME = ` (a variable, one line)
-is copied inside `namespace NAMESPACE`; before them come the lines of IN up
+that is `}`, without the word `static`), `TORCH_IMPL_FUNC(NAME)(` (a
+structured kernel's impl, the same way) or `NAME = ` (a variable, one line)
+are copied inside `namespace NAMESPACE`; before them come the lines of IN up
 to its first `namespace`. Object subscript assignments are spelled out as
 Apple's compiler does (lower_subscripts.py). It fails unless it finds
-exactly one definition of each NAME.
+exactly COUNT definitions of each NAME (overloads; 1 when not given).
 """
 
 import re
@@ -21,17 +22,20 @@ import sys
 from lower_subscripts import lower
 
 
-def definition(lines, name):
+def definitions(lines, name, count):
     starts = [i for i, line in enumerate(lines)
-              if re.match(rf"^[A-Za-z].*\b{re.escape(name)}(\(| = )", line) and not line.startswith("namespace")]
-    if len(starts) != 1:
-        sys.exit(f"{len(starts)} definitions of {name}, expected 1")
-    start = starts[0]
-    if lines[start].endswith(";"):
-        return [lines[start]]
-    end = next(i for i in range(start, len(lines)) if lines[i] == "}")
-    first = lines[start][len("static "):] if lines[start].startswith("static ") else lines[start]
-    return [first] + lines[start + 1:end + 1]
+              if re.match(rf"^[A-Za-z].*\b{re.escape(name)}(\(| = |\)\()", line) and not line.startswith("namespace")]
+    if len(starts) != count:
+        sys.exit(f"{len(starts)} definitions of {name}, expected {count}")
+    out = []
+    for start in starts:
+        if lines[start].endswith(";"):
+            out.append(lines[start])
+            continue
+        end = next(i for i in range(start, len(lines)) if lines[i] == "}")
+        first = lines[start][len("static "):] if lines[start].startswith("static ") else lines[start]
+        out += [first] + lines[start + 1:end + 1]
+    return out
 
 
 def main():
@@ -42,8 +46,9 @@ def main():
         lines = f.read().split("\n")
     out = lines[: next(i for i, line in enumerate(lines) if line.startswith("namespace "))]
     for qualified in names:
+        qualified, _, count = qualified.partition("/")
         namespace, _, name = qualified.rpartition("::")
-        body, _ = lower(definition(lines, name))
+        body, _ = lower(definitions(lines, name, int(count or 1)))
         out += [f"namespace {namespace} {{"] + body + [f"}} // namespace {namespace}"]
     with open(dst, "w", encoding="utf-8") as f:
         f.write("\n".join(out + [""]))
