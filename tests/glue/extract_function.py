@@ -8,8 +8,9 @@ The glue build cannot compile some op files whole (their object subscripting
 needs a runtime that GCC's is not), but it can compile parts of them that
 use none. For each NAME, in the order given, the definitions that start at
 the beginning of a line naming `NAME(` (a function, copied to the first line
-that is `}`, without the word `static`), `TORCH_IMPL_FUNC(NAME)(` (a
-structured kernel's impl, the same way) or `NAME = ` (a variable, one line)
+that is `}`, without the word `static`, and with the `template <...>` line
+before it, if any), `TORCH_IMPL_FUNC(NAME)(` (a structured kernel's impl,
+the same way) or `NAME = ` (a variable, one line)
 are copied inside `namespace NAMESPACE`; before them come the lines of IN up
 to its first `namespace`. Object subscript assignments are spelled out as
 Apple's compiler does (lower_subscripts.py). It fails unless it finds
@@ -34,7 +35,8 @@ def definitions(lines, name, count):
             continue
         end = next(i for i in range(start, len(lines)) if lines[i] == "}")
         first = lines[start][len("static "):] if lines[start].startswith("static ") else lines[start]
-        out += [first] + lines[start + 1:end + 1]
+        template = lines[start - 1:start] if start and lines[start - 1].startswith("template <") else []
+        out += template + [first] + lines[start + 1:end + 1]
     return out
 
 

@@ -1,8 +1,10 @@
 // Indexing.mm's Metal-kernel ops on threads that share a model's tensors:
 // masked_fill_ through one mask, index_copy of one source's rows into one
 // tensor's, and advanced indexing (aten::index's kernel) with one index
-// tensor, which the kernel reaches through an argument buffer. The kernels'
-// bodies are the test's, in the bundled shader library.
+// tensor, which the kernel reaches through an argument buffer; and
+// Repeat.mm's repeat_interleave kernel, which binds raw buffers, between
+// other streams' uses of them. The kernels' bodies are the test's, in the
+// bundled shader library.
 
 #include "GlueTest.h"
 #include "standins/MPSNativeFunctions.h"
@@ -14,16 +16,31 @@
 #include <ATen/ops/masked_fill.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randperm.h>
+#include <ATen/ops/tensor.h>
 #include <c10/core/Scalar.h>
+#include <c10/core/StreamGuard.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <thread>
+#include <vector>
 
 // Static in Indexing.mm; the build's copy of it (extract_function.py) has
 // external linkage.
 namespace at::native::mps {
 void index_kernel_mps(TensorIteratorBase& iter, IntArrayRef index_size, IntArrayRef index_stride);
 } // namespace at::native::mps
+
+// Repeat.mm's kernel, instantiated there by repeat_interleave_mps.
+namespace at::native {
+template <typename index_t>
+void computeRepeatIndices(const index_t* repeat_ptr,
+                          const int64_t* cumsum_ptr,
+                          index_t* result_ptr,
+                          int64_t size,
+                          int64_t result_size);
+} // namespace at::native
 
 namespace {
 
@@ -39,7 +56,14 @@ constexpr const char* kIndexingLibrary =
     "constant long& value) {}\n"
     "kernel void index_copy_dense_long_long(device long* out, constant long* self, constant long* source, "
     "constant long* index) {}\n"
-    "kernel void index_select_64bit(device long* out, constant long* input) {}\n";
+    "kernel void index_select_64bit(device long* out, constant long* input) {}\n"
+    "kernel void repeat_interleave_int64_t(constant long* repeat, constant long* cumsum, device long* result) {}\n";
+
+constexpr int64_t kRepeated = 4;
+constexpr int64_t kRepeats[kRepeated] = {2, 0, 3, 1};
+constexpr int64_t kCumulative[kRepeated] = {2, 2, 5, 6};
+constexpr int64_t kIndices[] = {0, 0, 2, 2, 2, 3};
+constexpr int64_t kTotal = 6;
 
 template <typename T>
 T* elements(const sim::BufferPtr& buffer) {
@@ -68,6 +92,16 @@ void defineIndexingKernels() {
     const auto* picked = elements<int64_t>(buffers.at(2));
     for (int64_t k = 0; k < kPicked; ++k) {
       elements<int64_t>(buffers.at(0))[k] = elements<int64_t>(buffers.at(1))[picked[k]];
+    }
+  });
+  // Reads its inputs, takes a while, then writes: a use it is not ordered
+  // with overlaps it.
+  sim::metal::defineKernel("repeat_interleave_int64_t", [](const auto& buffers) {
+    const std::vector<int64_t> repeats(elements<int64_t>(buffers.at(0)), elements<int64_t>(buffers.at(0)) + kRepeated);
+    const std::vector<int64_t> ends(elements<int64_t>(buffers.at(1)), elements<int64_t>(buffers.at(1)) + kRepeated);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (int64_t i = 0; i < kRepeated; ++i) {
+      std::fill(elements<int64_t>(buffers.at(2)) + ends[i] - repeats[i], elements<int64_t>(buffers.at(2)) + ends[i], i);
     }
   });
 }
@@ -138,6 +172,52 @@ TEST_F(GlueTest, IndexingKernelsOnManyStreamsReadSharedTensorsWithoutWaits) {
     }
   });
   EXPECT_EQ(glue::trackerWaits(), waits_before);
+}
+
+at::Tensor longs(const int64_t* values, int64_t n) {
+  return glue::toMPS(at::tensor(std::vector<int64_t>(values, values + n), at::kLong));
+}
+
+// repeat_interleave's kernel on stream B reads repeats that stream A's
+// kernel is still writing, and stream C's kernel copies its result, with no
+// event: each runs after the use before it (the fixture's hazard detector
+// is the judge), and C copies the indices of A's repeats. With none of the
+// kernel's three uses recorded, every round went wrong (5 of 5 runs); with
+// the repeats' alone unrecorded, 9 of 10 rounds, and with the result's
+// alone, 1 to 3, each with the overlap reported in every round.
+TEST_F(GlueTest, RepeatInterleaveKernelIsOrderedWithOtherStreamsUsesOfItsBuffers) {
+  defineIndexingKernels();
+  constexpr int64_t kNone[kTotal] = {-1, -1, -1, -1, -1, -1};
+  const at::Tensor expected = at::tensor(std::vector<int64_t>(kIndices, kIndices + kTotal), at::kLong);
+  for (int r = 0; r < 10; ++r) {
+    const int64_t zeros[kRepeated] = {};
+    at::Tensor repeats = longs(zeros, kRepeated), cumulative = longs(kCumulative, kRepeated);
+    at::Tensor result = longs(kNone, kTotal), copy = longs(kNone, kTotal);
+    {
+      c10::StreamGuard a(at::mps::getMPSStream(2)->unwrap());
+      sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(repeats));
+      glue::encodeKernel({glue::bufferOf(repeats)}, [buffer] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::copy_n(kRepeats, kRepeated, glue::words(*buffer));
+      });
+      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
+    }
+    {
+      c10::StreamGuard b(at::mps::getMPSStream(3)->unwrap());
+      @autoreleasepool {
+        at::native::computeRepeatIndices<int64_t>(repeats.data_ptr<int64_t>(),
+                                                  cumulative.const_data_ptr<int64_t>(),
+                                                  result.data_ptr<int64_t>(),
+                                                  kRepeated,
+                                                  kTotal);
+      }
+      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
+    }
+    c10::StreamGuard c(at::mps::getMPSStream(4)->unwrap());
+    glue::encodeCopy(glue::bufferOf(result), glue::bufferOf(copy));
+    at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+    EXPECT_TRUE(glue::toCPU(copy).equal(expected)) << "round " << r << ": " << glue::toCPU(copy);
+  }
 }
 
 } // namespace
