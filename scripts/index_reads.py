@@ -9,7 +9,9 @@ the baseline kit (../shared/baseline/README.md, step 2).
   - tests/compile/callers.tsv: ~/.cache/pytorch-v2.9-mps-callers/<path> as
     read, and ~/.cache/pytorch-v2.9-mps-callers-resolved/<path> with the
     conflict markers resolved to the side the row's note names (the kit's
-    resolve_conflicts.py).
+    resolve_conflicts.py), or with the identifiers a fork renamed given
+    back their names, in the order the note lists them
+    (`renamed FROM>TO,... sha SHA`).
 
 Every text is checked against the git blob SHA-1 its row pins (a resolved
 text against the sha in the note) and written only if it matches. Prints
@@ -29,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(os.path.expanduser("~"), ".cache")
 KIT = os.path.join(ROOT, "..", "shared", "baseline", "resolve_conflicts.py")
 RESOLVED = re.compile(r"resolved=(HEAD|theirs) sha ([0-9a-f]{40})")
+RENAMED = re.compile(r"renamed (\S+) sha ([0-9a-f]{40})")
 
 
 def rows(tsv):
@@ -69,12 +72,21 @@ def main():
             failed += 1
             continue
         m = RESOLVED.search(r.get("note", ""))
+        renamed = RENAMED.search(r.get("note", ""))
         if cache == "pytorch-v2.9-mps-callers" and m:
             side = "ours" if m.group(1) == "HEAD" else "theirs"
             resolved = subprocess.run([sys.executable, KIT, dest, "/dev/stdout", side],
                                       check=True, capture_output=True).stdout
             if not install(resolved, m.group(2), os.path.join(CACHE, cache + "-resolved", path)):
                 print(f"WRONG    {path}: resolved to {side}, blob {blob_sha(resolved)}, the note pins {m.group(2)}")
+                failed += 1
+                continue
+        elif cache == "pytorch-v2.9-mps-callers" and renamed:
+            for pair in renamed.group(1).split(","):
+                old, new = pair.split(">")
+                data = data.replace(old.encode(), new.encode())
+            if not install(data, renamed.group(2), os.path.join(CACHE, cache + "-resolved", path)):
+                print(f"WRONG    {path}: renames undone, blob {blob_sha(data)}, the note pins {renamed.group(2)}")
                 failed += 1
                 continue
         print(f"OK       {path}")

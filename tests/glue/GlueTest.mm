@@ -17,7 +17,8 @@
 namespace {
 
 // The MPS kernels of the ATen ops that the ops the glue builds call, which
-// the Linux wheel does not register: a new output, and views of it.
+// the Linux wheel does not register: a new output (of given strides, as
+// empty_like asks for), and views of it.
 at::Tensor emptyMPS(c10::SymIntArrayRef size,
                     std::optional<at::ScalarType> dtype,
                     std::optional<at::Layout> layout,
@@ -29,6 +30,19 @@ at::Tensor emptyMPS(c10::SymIntArrayRef size,
                                    c10::DispatchKeySet(c10::DispatchKey::MPS),
                                    dtype.value_or(at::kFloat),
                                    memory_format);
+}
+
+at::Tensor emptyStridedMPS(c10::SymIntArrayRef size,
+                           c10::SymIntArrayRef stride,
+                           std::optional<at::ScalarType> dtype,
+                           std::optional<at::Layout> layout,
+                           std::optional<at::Device> device,
+                           std::optional<bool> pin_memory) {
+  return at::detail::empty_strided_generic(C10_AS_INTARRAYREF_SLOW(size),
+                                           C10_AS_INTARRAYREF_SLOW(stride),
+                                           at::mps::getIMPSAllocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::MPS),
+                                           dtype.value_or(at::kFloat));
 }
 
 at::Tensor viewMPS(const at::Tensor& self, c10::SymIntArrayRef size) {
@@ -47,6 +61,7 @@ at::Tensor asStridedMPS(const at::Tensor& self,
 
 TORCH_LIBRARY_IMPL(aten, MPS, m) {
   m.impl("empty.memory_format", TORCH_FN(emptyMPS));
+  m.impl("empty_strided", TORCH_FN(emptyStridedMPS));
   m.impl("view", TORCH_FN(viewMPS));
   m.impl("as_strided", TORCH_FN(asStridedMPS));
 }

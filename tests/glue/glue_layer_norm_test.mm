@@ -5,6 +5,7 @@
 // kernel a lone stream takes, from the bundled shader library.
 
 #include "GlueTest.h"
+#include "standins/MPSNativeFunctions.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
@@ -22,8 +23,7 @@
 #include <vector>
 
 // Static in Normalization.mm; the build's copy of it (extract_function.py)
-// has external linkage. layer_norm_mps is declared by
-// native_layer_norm_native.h in a build with MPS; the Linux wheel's lacks it.
+// has external linkage.
 namespace at::native {
 std::tuple<Tensor, Tensor, Tensor> layer_norm_mps_graph(const Tensor& input,
                                                         const Tensor& weight,
@@ -33,11 +33,6 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_mps_graph(const Tensor& input,
                                                         const Tensor& out,
                                                         const Tensor& mean,
                                                         const Tensor& rstd);
-std::tuple<Tensor, Tensor, Tensor> layer_norm_mps(const Tensor& input,
-                                                  IntArrayRef normalized_shape,
-                                                  const std::optional<Tensor>& weight_opt,
-                                                  const std::optional<Tensor>& bias_opt,
-                                                  double eps);
 } // namespace at::native
 
 namespace {

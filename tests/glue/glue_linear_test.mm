@@ -4,6 +4,7 @@
 // takes while another one is active (Note [MPS Apple framework workarounds]).
 
 #include "GlueTest.h"
+#include "standins/MPSNativeFunctions.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
@@ -20,11 +21,6 @@
 #include <optional>
 #include <thread>
 #include <vector>
-
-// Declared by linear_native.h in a build with MPS; the Linux wheel's lacks it.
-namespace at::native {
-Tensor _mps_linear(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias);
-} // namespace at::native
 
 namespace {
 

@@ -1,12 +1,15 @@
 // Declarations of MPS kernels that torchgen writes into the native-function
 // headers of a build with MPS (the macOS wheel's ATen/ops/*_native.h have
-// them) and that the Linux wheel's headers lack: the op files the glue
-// builds from extracted definitions define them.
+// them) and that the Linux wheel's headers lack; the op files the glue
+// builds define them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/index_copy_meta.h>
 #include <c10/core/Scalar.h>
+
+#include <optional>
+#include <tuple>
 
 namespace at::native {
 
@@ -19,6 +22,21 @@ struct TORCH_API structured_index_copy_out_mps
       const at::Tensor& source,
       const at::Tensor& out);
 };
+TORCH_API at::Tensor _mps_linear(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias);
+TORCH_API std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_mps(
+    const at::Tensor& input,
+    at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    double eps);
+TORCH_API std::tuple<at::Tensor, at::Tensor> _fused_rms_norm_mps(
+    const at::Tensor& input,
+    at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight,
+    std::optional<double> eps);
 TORCH_API at::Tensor& masked_fill__mps(
     at::Tensor& self,
     const at::Tensor& mask,
