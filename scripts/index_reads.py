@@ -9,9 +9,9 @@ the baseline kit (../shared/baseline/README.md, step 2).
   - tests/compile/callers.tsv: ~/.cache/pytorch-v2.9-mps-callers/<path> as
     read, and ~/.cache/pytorch-v2.9-mps-callers-resolved/<path> with the
     conflict markers resolved to the side the row's note names (the kit's
-    resolve_conflicts.py), or with the identifiers a fork renamed given
-    back their names, in the order the note lists them
-    (`renamed FROM>TO,... sha SHA`).
+    resolve_conflicts.py), with the identifiers a fork renamed given back
+    their names, in the order the note lists them (`renamed FROM>TO,... sha
+    SHA`), or as read when the note names neither.
 
 Every text is checked against the git blob SHA-1 its row pins (a resolved
 text against the sha in the note) and written only if it matches. Prints
@@ -81,12 +81,15 @@ def main():
                 print(f"WRONG    {path}: resolved to {side}, blob {blob_sha(resolved)}, the note pins {m.group(2)}")
                 failed += 1
                 continue
-        elif cache == "pytorch-v2.9-mps-callers" and renamed:
-            for pair in renamed.group(1).split(","):
-                old, new = pair.split(">")
-                data = data.replace(old.encode(), new.encode())
-            if not install(data, renamed.group(2), os.path.join(CACHE, cache + "-resolved", path)):
-                print(f"WRONG    {path}: renames undone, blob {blob_sha(data)}, the note pins {renamed.group(2)}")
+        elif cache == "pytorch-v2.9-mps-callers":
+            sha = r["git_blob_sha1"]
+            if renamed:
+                for pair in renamed.group(1).split(","):
+                    old, new = pair.split(">")
+                    data = data.replace(old.encode(), new.encode())
+                sha = renamed.group(2)
+            if not install(data, sha, os.path.join(CACHE, cache + "-resolved", path)):
+                print(f"WRONG    {path}: renames undone, blob {blob_sha(data)}, the note pins {sha}")
                 failed += 1
                 continue
         print(f"OK       {path}")

@@ -458,6 +458,9 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
   state<ComputeEncoderState>(self).resident.emplace_back(
       buffer, (usage & MTLResourceUsageWrite) != 0 ? Access::kWrite : Access::kRead);
 }
+// Threadgroup memory is the kernel's own scratch, not a buffer.
+- (void)setThreadgroupMemoryLength:(NSUInteger)length atIndex:(NSUInteger)index {
+}
 - (void)setComputePipelineState:(id<MTLComputePipelineState>)pipeline {
   state<ComputeEncoderState>(self).function = state<PipelineState>(pipeline).function;
 }

@@ -37,6 +37,15 @@ TORCH_API std::tuple<at::Tensor, at::Tensor> _fused_rms_norm_mps(
     at::IntArrayRef normalized_shape,
     const std::optional<at::Tensor>& weight,
     std::optional<double> eps);
+TORCH_API at::Tensor _weight_int4pack_mm_mps(
+    const at::Tensor& A,
+    const at::Tensor& B,
+    int64_t qGroupSize,
+    const at::Tensor& qScaleAndZeros);
+TORCH_API at::Tensor _weight_int8pack_mm_mps(
+    const at::Tensor& A,
+    const at::Tensor& B,
+    const at::Tensor& scales);
 TORCH_API at::Tensor& masked_fill__mps(
     at::Tensor& self,
     const at::Tensor& mask,
