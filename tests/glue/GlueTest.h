@@ -68,6 +68,11 @@ void expectClose(
 // the work that writes them completed; in a kernel body, the GPU's view.
 int64_t* words(sim::Buffer& buffer);
 int64_t* words(id<MTLBuffer> buffer);
+// The same, as elements of type T, for kernel bodies.
+template <typename T>
+T* elements(const sim::BufferPtr& buffer) {
+  return reinterpret_cast<T*>(buffer->contents());
+}
 
 // An op on the calling thread's current stream, in its own autorelease pool
 // as ops have: binds `buffers` in the stream's compute encoder and

@@ -44,6 +44,7 @@ void computeRepeatIndices(const index_t* repeat_ptr,
 
 namespace {
 
+using glue::elements;
 using glue::GlueTest;
 
 constexpr int64_t kRows = 8, kCols = 16, kElements = kRows * kCols, kPicked = 5;
@@ -64,11 +65,6 @@ constexpr int64_t kRepeats[kRepeated] = {2, 0, 3, 1};
 constexpr int64_t kCumulative[kRepeated] = {2, 2, 5, 6};
 constexpr int64_t kIndices[] = {0, 0, 2, 2, 2, 3};
 constexpr int64_t kTotal = 6;
-
-template <typename T>
-T* elements(const sim::BufferPtr& buffer) {
-  return reinterpret_cast<T*>(buffer->contents());
-}
 
 void defineIndexingKernels() {
   sim::metal::setBundledShaderSource(kIndexingLibrary);

@@ -34,10 +34,10 @@ void defineQuantizedKernels() {
   sim::metal::setBundledShaderSource(kQuantizedLibrary);
   // C = A (B * scales)^T, B int8 of N rows of K.
   sim::metal::defineKernel("int8pack_mv_float", [](const std::vector<sim::BufferPtr>& buffers) {
-    const auto* a = reinterpret_cast<const float*>(buffers.at(0)->contents());
-    const auto* b = reinterpret_cast<const int8_t*>(buffers.at(1)->contents());
-    const auto* scales = reinterpret_cast<const float*>(buffers.at(2)->contents());
-    auto* c = reinterpret_cast<float*>(buffers.at(3)->contents());
+    const float* a = glue::elements<float>(buffers.at(0));
+    const int8_t* b = glue::elements<int8_t>(buffers.at(1));
+    const float* scales = glue::elements<float>(buffers.at(2));
+    float* c = glue::elements<float>(buffers.at(3));
     for (int64_t m = 0; m < kM; ++m) {
       for (int64_t n = 0; n < kN; ++n) {
         float sum = 0;
@@ -50,8 +50,7 @@ void defineQuantizedKernels() {
   });
   // The int4 layout is not modelled: the body marks each output element.
   sim::metal::defineKernel("int4pack_mm_32_float", [](const std::vector<sim::BufferPtr>& buffers) {
-    auto* c = reinterpret_cast<float*>(buffers.at(3)->contents());
-    std::fill(c, c + kM * kN, 1.0f);
+    std::fill_n(glue::elements<float>(buffers.at(3)), kM * kN, 1.0f);
   });
 }
 

@@ -30,9 +30,9 @@ constexpr const char* kRmsNormLibrary =
 void defineRmsNormKernel() {
   sim::metal::setBundledShaderSource(kRmsNormLibrary);
   sim::metal::defineKernel("rms_norm_float", [](const std::vector<sim::BufferPtr>& buffers) {
-    const auto* x = reinterpret_cast<const float*>(buffers.at(0)->contents());
-    const auto* w = reinterpret_cast<const float*>(buffers.at(1)->contents());
-    auto* out = reinterpret_cast<float*>(buffers.at(2)->contents());
+    const float* x = glue::elements<float>(buffers.at(0));
+    const float* w = glue::elements<float>(buffers.at(1));
+    float* out = glue::elements<float>(buffers.at(2));
     for (int64_t r = 0; r < kRows; ++r) {
       double squares = 0;
       for (int64_t c = 0; c < kCols; ++c) {
