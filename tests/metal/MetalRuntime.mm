@@ -478,12 +478,18 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
 // The body is dispatchKernel()'s, else the one defineKernel() gave the
 // pipeline's function, else none. A buffer counts as written unless the
 // pipeline's function declares its argument read-only; a resident one as
-// its usage says.
+// its usage says. A compiled function's kernel reaches only the arguments
+// it declares: a buffer an earlier dispatch left bound at another index is
+// not one of its uses.
 - (void)dispatchKernel {
   auto& s = state<ComputeEncoderState>(self);
+  const bool compiled = !s.next_body && !s.function.name.empty();
   Kernel kernel;
   for (auto& [index, buffer] : s.bound) {
     const auto declared = s.function.arguments.find(index);
+    if (compiled && declared == s.function.arguments.end()) {
+      continue;
+    }
     kernel.uses.emplace_back(bufferOf(buffer),
                              declared == s.function.arguments.end() ? Access::kWrite : declared->second);
   }

@@ -37,6 +37,16 @@ TORCH_API std::tuple<at::Tensor, at::Tensor> _fused_rms_norm_mps(
     at::IntArrayRef normalized_shape,
     const std::optional<at::Tensor>& weight,
     std::optional<double> eps);
+TORCH_API std::tuple<at::Tensor, at::Tensor>
+_scaled_dot_product_attention_math_mps(
+    const at::Tensor& query,
+    const at::Tensor& key,
+    const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_mask,
+    double dropout_p,
+    bool is_causal,
+    const std::optional<at::Tensor>& dropout_mask,
+    std::optional<double> scale);
 TORCH_API at::Tensor _weight_int4pack_mm_mps(
     const at::Tensor& A,
     const at::Tensor& B,
