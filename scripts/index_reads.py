@@ -89,7 +89,8 @@ def main():
                     data = data.replace(old.encode(), new.encode())
                 sha = renamed.group(2)
             if not install(data, sha, os.path.join(CACHE, cache + "-resolved", path)):
-                print(f"WRONG    {path}: renames undone, blob {blob_sha(data)}, the note pins {sha}")
+                done = "renames undone, " if renamed else ""
+                print(f"WRONG    {path}: {done}blob {blob_sha(data)}, the row pins {sha}")
                 failed += 1
                 continue
         print(f"OK       {path}")
