@@ -73,22 +73,20 @@ void attend(const float* q, const float* k, const float* v, const bool* mask, in
 // test checks is where the buffers go.
 void defineAttentionKernels(int64_t keys) {
   sim::metal::setBundledShaderSource(kAttentionLibrary);
-  sim::metal::defineKernel("sdpa_vector_float_64_64", [keys](const std::vector<sim::BufferPtr>& buffers) {
-    attend(elements<float>(buffers.at(0)),
-           elements<float>(buffers.at(1)),
-           elements<float>(buffers.at(2)),
-           elements<bool>(buffers.at(4)),
-           keys,
-           elements<float>(buffers.at(3)));
-  });
-  sim::metal::defineKernel("sdpa_vector_2pass_1_float_64_64", [keys](const std::vector<sim::BufferPtr>& buffers) {
-    attend(elements<float>(buffers.at(0)),
-           elements<float>(buffers.at(1)),
-           elements<float>(buffers.at(2)),
-           elements<bool>(buffers.at(6)),
-           keys,
-           elements<float>(buffers.at(3)));
-  });
+  // q, k, v and the result are the first four buffers either way; the
+  // mask is the one-pass kernel's fifth and the first pass's seventh.
+  const auto attending = [keys](size_t mask) {
+    return [keys, mask](const std::vector<sim::BufferPtr>& buffers) {
+      attend(elements<float>(buffers.at(0)),
+             elements<float>(buffers.at(1)),
+             elements<float>(buffers.at(2)),
+             elements<bool>(buffers.at(mask)),
+             keys,
+             elements<float>(buffers.at(3)));
+    };
+  };
+  sim::metal::defineKernel("sdpa_vector_float_64_64", attending(4));
+  sim::metal::defineKernel("sdpa_vector_2pass_1_float_64_64", attending(6));
   sim::metal::defineKernel("sdpa_vector_2pass_2_float_64", [](const std::vector<sim::BufferPtr>& buffers) {
     std::copy_n(elements<float>(buffers.at(0)), kHeads * kDim, elements<float>(buffers.at(3)));
   });
