@@ -179,8 +179,8 @@ constexpr int64_t kRows = 20, kCols = kElements / kRows;
 // pass as constants.
 void defineTransposingKernels() {
   const auto transpose = [](const std::vector<sim::BufferPtr>& buffers) {
-    const auto* in = reinterpret_cast<const int64_t*>(buffers.at(0)->contents());
-    auto* out = reinterpret_cast<int64_t*>(buffers.at(1)->contents());
+    const int64_t* in = glue::elements<int64_t>(buffers.at(0));
+    int64_t* out = glue::elements<int64_t>(buffers.at(1));
     for (int64_t r = 0; r < kRows; ++r) {
       for (int64_t c = 0; c < kCols; ++c) {
         out[c * kRows + r] = in[r * kCols + c];
