@@ -32,6 +32,7 @@
 #include <numeric>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using sim::objc::state;
@@ -178,6 +179,8 @@ void visitElement(MPSDataType type, F&& f) {
   switch (type) {
     case MPSDataTypeInt32:
       return f(int32_t{});
+    case MPSDataTypeUInt32:
+      return f(uint32_t{});
     case MPSDataTypeInt64:
       return f(int64_t{});
     case MPSDataTypeFloat16:
@@ -849,7 +852,11 @@ namespace {
 // op(A) X = alpha B for each matrix, with A on the left (the only side
 // implemented) and op(A) = A or its transpose, in double precision; it
 // encodes its own compute pass into the command buffer, reading A and B and
-// writing X, as Apple's kernels do.
+// writing X, as Apple's kernels do. MPSMatrixDecompositionLU factors each
+// matrix with partial pivoting as LAPACK's getrf does: L (unit diagonal) and
+// U overwrite the result, pivot k (uint32, from 0) is the row swapped with
+// row k, and the status buffer's int32 is 0, or -2 (singular) for a zero
+// pivot. MPSMatrixSolveLU solves A X = B from those factors and pivots.
 struct MatrixDescriptorState {
   Layout layout; // matrices, rows, columns
 };
@@ -880,6 +887,75 @@ Value solveTriangular(const Value& a, const Value& b, const SolveTriangularState
     }
   }
   return x;
+}
+
+// Factors every matrix of `a` (r x c) in place; returns the pivots, one row
+// of min(r, c) per matrix, and each matrix's status.
+std::pair<Value, std::vector<int32_t>> factorLU(Value& a) {
+  const int64_t matrices = a.shape[0], rows = a.shape[1], cols = a.shape[2], steps = std::min(rows, cols);
+  Value pivots{{matrices, 1, steps}, std::vector<double>(matrices * steps)};
+  std::vector<int32_t> status(matrices, 0);
+  for (int64_t m = 0; m < matrices; ++m) {
+    auto at = [&](int64_t r, int64_t c) -> double& { return a.data[(m * rows + r) * cols + c]; };
+    for (int64_t k = 0; k < steps; ++k) {
+      int64_t pivot = k;
+      for (int64_t r = k + 1; r < rows; ++r) {
+        pivot = std::abs(at(r, k)) > std::abs(at(pivot, k)) ? r : pivot;
+      }
+      pivots.data[m * steps + k] = static_cast<double>(pivot);
+      for (int64_t c = 0; c < cols; ++c) {
+        std::swap(at(k, c), at(pivot, c));
+      }
+      if (at(k, k) == 0) {
+        status[m] = -2;
+        continue;
+      }
+      for (int64_t r = k + 1; r < rows; ++r) {
+        at(r, k) /= at(k, k);
+        for (int64_t c = k + 1; c < cols; ++c) {
+          at(r, c) -= at(r, k) * at(k, c);
+        }
+      }
+    }
+  }
+  return {pivots, status};
+}
+
+// Solves A X = B for every matrix, from A's factors `lu` (n x n) and pivots.
+Value solveLU(const Value& lu, const Value& pivots, const Value& b) {
+  const int64_t n = lu.shape[1], k = b.shape[2];
+  Value x = b;
+  for (int64_t m = 0; m < lu.shape[0]; ++m) {
+    auto l = [&](int64_t r, int64_t c) { return lu.data[(m * n + r) * n + c]; };
+    auto at = [&](int64_t r, int64_t c) -> double& { return x.data[(m * n + r) * k + c]; };
+    for (int64_t r = 0; r < n; ++r) {
+      const auto pivot = static_cast<int64_t>(pivots.data[m * n + r]);
+      for (int64_t c = 0; c < k; ++c) {
+        std::swap(at(r, c), at(pivot, c));
+      }
+    }
+    for (int64_t c = 0; c < k; ++c) {
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t j = 0; j < r; ++j) {
+          at(r, c) -= l(r, j) * at(j, c);
+        }
+      }
+      for (int64_t r = n - 1; r >= 0; --r) {
+        for (int64_t j = r + 1; j < n; ++j) {
+          at(r, c) -= l(r, j) * at(j, c);
+        }
+        at(r, c) /= l(r, r);
+      }
+    }
+  }
+  return x;
+}
+
+// A kernel of Apple's, in a compute pass of its own on `commandBuffer`.
+void encodeOwnPass(id<MTLCommandBuffer> commandBuffer, sim::Kernel kernel) {
+  id<MTLComputeCommandEncoder> encoder = [commandBuffer computeCommandEncoder];
+  sim::metal::dispatchKernel(encoder, std::move(kernel));
+  [encoder endEncoding];
 }
 
 } // namespace
@@ -963,9 +1039,65 @@ SIM_OBJC_RETAIN_COUNT(SolveTriangularState)
   kernel.body = [a, b, x, how = state<SolveTriangularState>(self)] {
     x.write(solveTriangular(a.read(), b.read(), how));
   };
-  id<MTLComputeCommandEncoder> encoder = [commandBuffer computeCommandEncoder];
-  sim::metal::dispatchKernel(encoder, std::move(kernel));
-  [encoder endEncoding];
+  encodeOwnPass(commandBuffer, std::move(kernel));
+}
+@end
+
+@implementation MPSMatrixDecompositionLU
+SIM_OBJC_STATE(Stateless)
+SIM_OBJC_RETAIN_COUNT(Stateless)
+- (instancetype)initWithDevice:(id<MTLDevice>)device rows:(NSUInteger)rows columns:(NSUInteger)columns {
+  return self;
+}
+- (void)encodeToCommandBuffer:(id<MTLCommandBuffer>)commandBuffer
+                 sourceMatrix:(MPSMatrix*)sourceMatrix
+                 resultMatrix:(MPSMatrix*)resultMatrix
+                 pivotIndices:(MPSMatrix*)pivotIndices
+                       status:(id<MTLBuffer>)status {
+  const ArrayRef a = arrayRefOf(sourceMatrix), lu = arrayRefOf(resultMatrix), p = arrayRefOf(pivotIndices);
+  const sim::BufferPtr s = sim::metal::bufferOf(status);
+  sim::Kernel kernel;
+  kernel.uses = {{lu.buffer, sim::Access::kWrite}, {p.buffer, sim::Access::kWrite}, {s, sim::Access::kWrite}};
+  if (a.buffer != lu.buffer) {
+    kernel.uses.emplace_back(a.buffer, sim::Access::kRead);
+  }
+  kernel.body = [a, lu, p, s] {
+    Value factors = a.read();
+    const auto [pivots, statuses] = factorLU(factors);
+    lu.write(factors);
+    p.write(pivots);
+    std::memcpy(s->contents(), statuses.data(), statuses.size() * sizeof(int32_t));
+  };
+  encodeOwnPass(commandBuffer, std::move(kernel));
+}
+@end
+
+@implementation MPSMatrixSolveLU
+SIM_OBJC_STATE(Stateless)
+SIM_OBJC_RETAIN_COUNT(Stateless)
+- (instancetype)initWithDevice:(id<MTLDevice>)device
+                     transpose:(BOOL)transpose
+                         order:(NSUInteger)order
+        numberOfRightHandSides:(NSUInteger)numberOfRightHandSides {
+  if (transpose) {
+    unsupported("an LU solve with A transposed");
+  }
+  return self;
+}
+- (void)encodeToCommandBuffer:(id<MTLCommandBuffer>)commandBuffer
+                 sourceMatrix:(MPSMatrix*)sourceMatrix
+          rightHandSideMatrix:(MPSMatrix*)rightHandSideMatrix
+                 pivotIndices:(MPSMatrix*)pivotIndices
+               solutionMatrix:(MPSMatrix*)solutionMatrix {
+  const ArrayRef lu = arrayRefOf(sourceMatrix), b = arrayRefOf(rightHandSideMatrix), p = arrayRefOf(pivotIndices);
+  const ArrayRef x = arrayRefOf(solutionMatrix);
+  sim::Kernel kernel;
+  kernel.uses = {{lu.buffer, sim::Access::kRead},
+                 {b.buffer, sim::Access::kRead},
+                 {p.buffer, sim::Access::kRead},
+                 {x.buffer, sim::Access::kWrite}};
+  kernel.body = [lu, b, p, x] { x.write(solveLU(lu.read(), p.read(), b.read())); };
+  encodeOwnPass(commandBuffer, std::move(kernel));
 }
 @end
 
@@ -977,6 +1109,7 @@ SIM_OBJC_RETAIN_COUNT(SolveTriangularState)
   @end
 SIM_LINK_ONLY_CLASS(MPSKernel)
 SIM_LINK_ONLY_CLASS(MPSMatrixBinaryKernel)
+SIM_LINK_ONLY_CLASS(MPSMatrixUnaryKernel)
 SIM_LINK_ONLY_CLASS(MPSNDArrayMultiaryBase)
 SIM_LINK_ONLY_CLASS(MPSNDArrayMultiaryKernel)
 SIM_LINK_ONLY_CLASS(MPSNDArrayUnaryKernel)
