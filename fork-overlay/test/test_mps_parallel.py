@@ -251,6 +251,17 @@ class TestMPSCrossThread(_DeviceTestCase):
         outs = _Threads(lambda i: _chain(xs[i].to(self.device), w, 4), len(xs)).join()
         self.assertEqual([o.cpu() for o in outs], [_chain(x, w_cpu, 4) for x in xs], atol=1e-4, rtol=1e-4)
 
+    def test_linalg_on_threads_sharing_streams(self):
+        # More threads than worker streams factor and solve one system (Apple's kernels, in passes of their own); the
+        # main thread then reads each result, which must wait for the pass the kernel ran in.
+        a_cpu, b_cpu = torch.randn(64, 64) + 64 * torch.eye(64), torch.randn(64, 4)
+        a, b = a_cpu.to(self.device), b_cpu.to(self.device)
+        outs = _Threads(lambda _: [(torch.linalg.lu_factor(a).LU, torch.linalg.solve(a, b)) for _ in range(5)],
+                        WORKER_STREAMS + 9).join()
+        want = (torch.linalg.lu_factor(a_cpu).LU, torch.linalg.solve(a_cpu, b_cpu))
+        for pairs in outs:
+            self.assertEqual([tree_map(torch.Tensor.cpu, p) for p in pairs], [want] * 5, atol=1e-4, rtol=1e-4)
+
 
 class TestMPSThreadChurn(_DeviceTestCase):
     def test_many_short_lived_threads(self):

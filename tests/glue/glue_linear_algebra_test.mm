@@ -3,29 +3,41 @@
 // do_metal_addmm, do_metal_bmm), which mm, addmm and bmm take for integer
 // tensors, with PYTORCH_MPS_PREFER_METAL, and before macOS 14.4 for
 // dimensions over 2**15, with bodies the tests define in the bundled shader
-// library; and the tiled bmm and linalg.solve_triangular, which encode
-// Apple's kernels (Note [simulated MPSNDArray], Note [simulated MPSMatrix])
-// in a pass of their own.
+// library; and the tiled bmm, linalg.solve_triangular, linalg.lu_factor and
+// linalg.solve, which encode Apple's kernels (Note [simulated MPSNDArray],
+// Note [simulated MPSMatrix]) in a pass of their own.
 
 #include "GlueTest.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/native/mps/Copy.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/eye.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/linalg_lu_factor.h>
+#include <ATen/ops/linalg_solve.h>
 #include <ATen/ops/linalg_solve_triangular.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/Scalar.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/util/ScopeExit.h>
+#include <dispatch/dispatch.h>
+#include <torch/library.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <thread>
+#include <utility>
 #include <vector>
 
 // Static, or in an anonymous namespace, in LinearAlgebra.mm; the build's
@@ -47,9 +59,65 @@ Tensor& linalg_solve_triangular_mps_impl(const Tensor& A,
                                          bool left,
                                          bool unitriangular,
                                          Tensor& out);
+void linalg_lu_factor_ex_out_mps_impl(const Tensor& A,
+                                      bool pivot,
+                                      const Tensor& LU,
+                                      const Tensor& pivots,
+                                      const Tensor& info,
+                                      bool check_errors);
+void linalg_solve_out_mps_impl(const Tensor& A,
+                               const Tensor& B,
+                               bool left,
+                               bool check_errors,
+                               const Tensor& result,
+                               const Tensor& LU,
+                               const Tensor& pivots,
+                               const Tensor& info);
 } // namespace at::native::mps
 
 namespace {
+
+// The MPS kernels of the ATen ops that lu_factor and solve call around
+// Apple's kernels, which the Linux wheel does not register: copies are the
+// patched Copy.mm's; fill_, zero_ and add_ are kernels on the current
+// stream, recorded as writes, that apply the CPU's op to the elements.
+void encodeOnElements(const at::Tensor& self, std::function<void(at::Tensor)> op) {
+  const sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(self));
+  glue::encodeKernel({glue::bufferOf(self)},
+                     [buffer,
+                      op = std::move(op),
+                      offset = self.storage_offset() * self.element_size(),
+                      sizes = self.sizes().vec(),
+                      strides = self.strides().vec(),
+                      dtype = self.scalar_type()] {
+                       op(at::from_blob(buffer->contents() + offset, sizes, strides, at::TensorOptions(dtype)));
+                     });
+}
+
+at::Tensor& fillMPS(at::Tensor& self, const at::Scalar& value) {
+  encodeOnElements(self, [value](at::Tensor t) { t.fill_(value); });
+  return self;
+}
+
+at::Tensor& zeroMPS(at::Tensor& self) {
+  return fillMPS(self, 0);
+}
+
+at::Tensor& addScalarMPS(at::Tensor& self, const at::Scalar& other, const at::Scalar& alpha) {
+  encodeOnElements(self, [other, alpha](at::Tensor t) { t.add_(other, alpha); });
+  return self;
+}
+
+at::Tensor& copyMPS(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  return at::native::mps::mps_copy_(self, src, non_blocking);
+}
+
+TORCH_LIBRARY_IMPL(aten, MPS, m) {
+  m.impl("fill_.Scalar", TORCH_FN(fillMPS));
+  m.impl("zero_", TORCH_FN(zeroMPS));
+  m.impl("add_.Scalar", TORCH_FN(addScalarMPS));
+  m.impl("copy_", TORCH_FN(copyMPS));
+}
 
 using glue::GlueTest;
 
@@ -217,6 +285,128 @@ TEST_F(GlueTest, SolveTriangularOrdersAnotherStreamsReadAfterItsOwnPass) {
       },
       result,
       expected);
+}
+
+// Eight threads solve one system for one right-hand side on their own
+// streams, as threads sharing a model's matrices do: the CPU's solution,
+// and no cross-stream wait, as the solve copies A into its own LU and binds
+// B as a read.
+TEST_F(GlueTest, LinearSolveOnManyStreamsSharesItsOperandsWithoutWaits) {
+  constexpr int kThreads = 8, kRounds = 3;
+  constexpr int64_t kOrder = 16;
+  at::manual_seed(7);
+  const at::Tensor cpu_a = at::randn({kOrder, kOrder}) + at::eye(kOrder) * kOrder;
+  const at::Tensor cpu_b = at::randn({kOrder, 2});
+  const at::Tensor expected = at::linalg_solve(cpu_a, cpu_b);
+  const at::Tensor a = glue::toMPS(cpu_a), b = glue::toMPS(cpu_b);
+  at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+  const int64_t waits_before = glue::trackerWaits();
+  glue::onThreads(kThreads, [&](int) {
+    for (int r = 0; r < kRounds; ++r) {
+      const at::Tensor result = glue::toMPS(at::zeros_like(expected)), lu = glue::toMPS(at::zeros_like(cpu_a));
+      const at::Tensor pivots = glue::toMPS(at::zeros({kOrder}, at::kInt)), info = glue::toMPS(at::zeros({}, at::kInt));
+      @autoreleasepool {
+        at::native::mps::linalg_solve_out_mps_impl(
+            a, b, /*left=*/true, /*check_errors=*/false, result, lu, pivots, info);
+      }
+      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+      EXPECT_TRUE(at::allclose(glue::toCPU(result), expected, 1e-4, 1e-4));
+      EXPECT_EQ(glue::toCPU(info).item<int>(), 0);
+    }
+  });
+  EXPECT_EQ(glue::trackerWaits(), waits_before);
+}
+
+// Threads sharing one stream, as threads beyond the pool's worker streams
+// do: while this thread runs `op` on stream 1 in each of 40 rounds, another
+// thread keeps encoding kernels there, ending its pass every other time and
+// else leaving its encoder open for the next op to end. `op` returns its
+// outputs with the CPU's values for them; stream 2 copies the first, a
+// float matrix of kLargeOrder rows and columns that Apple's kernel wrote.
+// The copy must wait for the pass that kernel is encoded in: it must hold
+// the output, and the two streams must not touch it at once. Matrices this
+// large keep the kernel running while a copy that waited for too early a
+// pass would run.
+constexpr int64_t kLargeOrder = 128;
+using Outputs = std::vector<std::pair<at::Tensor, at::Tensor>>;
+void expectOrderedOnASharedStream(const std::function<Outputs()>& op) {
+  constexpr int kRounds = 40;
+  at::mps::MPSStream* shared = at::mps::getMPSStream(1);
+  at::mps::MPSStream* reader = at::mps::getMPSStream(2);
+  c10::StreamGuard guard(shared->unwrap());
+  std::atomic<bool> done{false};
+  std::thread other([&] {
+    c10::StreamGuard other_guard(shared->unwrap());
+    const at::Tensor scratch = glue::mpsTensor(8);
+    id<MTLBuffer> buffer = glue::bufferOf(scratch);
+    for (int i = 0; !done.load(); ++i) {
+      glue::encodeKernel({buffer}, [] {});
+      dispatch_sync(shared->queue(), ^() {
+        // Held for a while, so that the op's thread often waits here.
+        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+        while (std::chrono::steady_clock::now() < until) {
+        }
+        if (i % 2 == 0) {
+          shared->endKernelCoalescing();
+        }
+      });
+    }
+  });
+  // Stops and joins the other thread however the rounds end.
+  auto stop = c10::make_scope_exit([&] {
+    done = true;
+    other.join();
+  });
+  int stale = 0;
+  for (int r = 0; r < kRounds; ++r) {
+    // Made before the op: toMPS() waits for the stream's work.
+    const at::Tensor copy = glue::toMPS(at::zeros({kLargeOrder, kLargeOrder}));
+    Outputs outputs;
+    @autoreleasepool {
+      outputs = op();
+    }
+    const at::Tensor result = outputs.at(0).first;
+    shared->synchronize(at::mps::SyncType::COMMIT);
+    {
+      c10::StreamGuard reader_guard(reader->unwrap());
+      glue::encodeCopy(glue::bufferOf(result), glue::bufferOf(copy));
+      reader->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+    }
+    shared->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+    for (const auto& [output, expected] : outputs) {
+      EXPECT_TRUE(at::allclose(glue::toCPU(output), expected, 1e-4, 1e-4));
+    }
+    stale += glue::toCPU(copy).equal(glue::toCPU(result)) ? 0 : 1;
+  }
+  EXPECT_EQ(stale, 0) << "of " << kRounds << " rounds";
+}
+
+// With the uses recorded before the serial section (as v2.9.1 does), 1 to
+// 21 of 40 rounds copied a stale factor, in each of 10 runs; without ending
+// the coalesced encoder first, the simulator stopped at the open encoder.
+TEST_F(GlueTest, LuFactorOnASharedStreamIsOrderedWithAnotherStreamsRead) {
+  expectOrderedOnASharedStream([] {
+    const at::Tensor cpu = at::randn({kLargeOrder, kLargeOrder});
+    const auto [cpu_lu, cpu_pivots] = at::linalg_lu_factor(cpu);
+    const at::Tensor a = glue::toMPS(cpu), lu = glue::toMPS(at::zeros_like(cpu));
+    const at::Tensor pivots = glue::toMPS(at::zeros({kLargeOrder}, at::kInt));
+    const at::Tensor info = glue::toMPS(at::zeros({}, at::kInt));
+    at::native::mps::linalg_lu_factor_ex_out_mps_impl(a, /*pivot=*/true, lu, pivots, info, /*check_errors=*/false);
+    return Outputs{{lu, cpu_lu}, {pivots, cpu_pivots}};
+  });
+}
+
+TEST_F(GlueTest, LinearSolveOnASharedStreamIsOrderedWithAnotherStreamsRead) {
+  expectOrderedOnASharedStream([] {
+    const at::Tensor cpu_a = at::randn({kLargeOrder, kLargeOrder}) + at::eye(kLargeOrder) * kLargeOrder;
+    const at::Tensor cpu_b = at::randn({kLargeOrder, kLargeOrder});
+    const at::Tensor a = glue::toMPS(cpu_a), b = glue::toMPS(cpu_b);
+    const at::Tensor result = glue::toMPS(at::zeros_like(cpu_b)), lu = glue::toMPS(at::zeros_like(cpu_a));
+    const at::Tensor pivots = glue::toMPS(at::zeros({kLargeOrder}, at::kInt));
+    const at::Tensor info = glue::toMPS(at::zeros({}, at::kInt));
+    at::native::mps::linalg_solve_out_mps_impl(a, b, /*left=*/true, /*check_errors=*/false, result, lu, pivots, info);
+    return Outputs{{result, at::linalg_solve(cpu_a, cpu_b)}};
+  });
 }
 
 } // namespace
