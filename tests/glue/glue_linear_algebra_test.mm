@@ -326,7 +326,9 @@ TEST_F(GlueTest, LinearSolveOnManyStreamsSharesItsOperandsWithoutWaits) {
 // The copy must wait for the pass that kernel is encoded in: it must hold
 // the output, and the two streams must not touch it at once. Matrices this
 // large keep the kernel running while a copy that waited for too early a
-// pass would run.
+// pass would run. The CPU's values are computed in double precision, as the
+// simulated kernels compute: float LAPACK's LU of a random matrix this large
+// can differ from it by more than the tolerance.
 constexpr int64_t kLargeOrder = 128;
 using Outputs = std::vector<std::pair<at::Tensor, at::Tensor>>;
 void expectOrderedOnASharedStream(const std::function<Outputs()>& op) {
@@ -387,12 +389,12 @@ void expectOrderedOnASharedStream(const std::function<Outputs()>& op) {
 TEST_F(GlueTest, LuFactorOnASharedStreamIsOrderedWithAnotherStreamsRead) {
   expectOrderedOnASharedStream([] {
     const at::Tensor cpu = at::randn({kLargeOrder, kLargeOrder});
-    const auto [cpu_lu, cpu_pivots] = at::linalg_lu_factor(cpu);
+    const auto [cpu_lu, cpu_pivots] = at::linalg_lu_factor(cpu.to(at::kDouble));
     const at::Tensor a = glue::toMPS(cpu), lu = glue::toMPS(at::zeros_like(cpu));
     const at::Tensor pivots = glue::toMPS(at::zeros({kLargeOrder}, at::kInt));
     const at::Tensor info = glue::toMPS(at::zeros({}, at::kInt));
     at::native::mps::linalg_lu_factor_ex_out_mps_impl(a, /*pivot=*/true, lu, pivots, info, /*check_errors=*/false);
-    return Outputs{{lu, cpu_lu}, {pivots, cpu_pivots}};
+    return Outputs{{lu, cpu_lu.to(at::kFloat)}, {pivots, cpu_pivots}};
   });
 }
 
@@ -405,7 +407,7 @@ TEST_F(GlueTest, LinearSolveOnASharedStreamIsOrderedWithAnotherStreamsRead) {
     const at::Tensor pivots = glue::toMPS(at::zeros({kLargeOrder}, at::kInt));
     const at::Tensor info = glue::toMPS(at::zeros({}, at::kInt));
     at::native::mps::linalg_solve_out_mps_impl(a, b, /*left=*/true, /*check_errors=*/false, result, lu, pivots, info);
-    return Outputs{{result, at::linalg_solve(cpu_a, cpu_b)}};
+    return Outputs{{result, at::linalg_solve(cpu_a.to(at::kDouble), cpu_b.to(at::kDouble)).to(at::kFloat)}};
   });
 }
 
