@@ -2,6 +2,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/mps/MPSAllocatorInterface.h>
+#include <ATen/native/mps/Copy.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/view_native.h>
@@ -13,6 +14,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 namespace {
 
@@ -59,11 +61,49 @@ at::Tensor asStridedMPS(const at::Tensor& self,
                                            storage_offset ? std::optional(storage_offset->expect_int()) : std::nullopt);
 }
 
+// fill_, zero_ and add_, which ops call around their kernels: kernels on
+// the current stream, recorded as writes, that apply the CPU's op to the
+// elements; copy_ is the patched Copy.mm's.
+void encodeOnElements(const at::Tensor& self, std::function<void(at::Tensor)> op) {
+  const sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(self));
+  glue::encodeKernel({glue::bufferOf(self)},
+                     [buffer,
+                      op = std::move(op),
+                      offset = self.storage_offset() * self.element_size(),
+                      sizes = self.sizes().vec(),
+                      strides = self.strides().vec(),
+                      dtype = self.scalar_type()] {
+                       op(at::from_blob(buffer->contents() + offset, sizes, strides, at::TensorOptions(dtype)));
+                     });
+}
+
+at::Tensor& fillMPS(at::Tensor& self, const at::Scalar& value) {
+  encodeOnElements(self, [value](at::Tensor t) { t.fill_(value); });
+  return self;
+}
+
+at::Tensor& zeroMPS(at::Tensor& self) {
+  return fillMPS(self, 0);
+}
+
+at::Tensor& addScalarMPS(at::Tensor& self, const at::Scalar& other, const at::Scalar& alpha) {
+  encodeOnElements(self, [other, alpha](at::Tensor t) { t.add_(other, alpha); });
+  return self;
+}
+
+at::Tensor& copyMPS(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  return at::native::mps::mps_copy_(self, src, non_blocking);
+}
+
 TORCH_LIBRARY_IMPL(aten, MPS, m) {
   m.impl("empty.memory_format", TORCH_FN(emptyMPS));
   m.impl("empty_strided", TORCH_FN(emptyStridedMPS));
   m.impl("view", TORCH_FN(viewMPS));
   m.impl("as_strided", TORCH_FN(asStridedMPS));
+  m.impl("fill_.Scalar", TORCH_FN(fillMPS));
+  m.impl("zero_", TORCH_FN(zeroMPS));
+  m.impl("add_.Scalar", TORCH_FN(addScalarMPS));
+  m.impl("copy_", TORCH_FN(copyMPS));
 }
 
 } // namespace

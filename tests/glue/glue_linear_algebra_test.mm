@@ -11,13 +11,11 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/native/mps/Copy.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/eye.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/linalg_lu_factor.h>
 #include <ATen/ops/linalg_solve.h>
 #include <ATen/ops/linalg_solve_triangular.h>
@@ -30,7 +28,6 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/util/ScopeExit.h>
 #include <dispatch/dispatch.h>
-#include <torch/library.h>
 
 #include <atomic>
 #include <chrono>
@@ -76,48 +73,6 @@ void linalg_solve_out_mps_impl(const Tensor& A,
 } // namespace at::native::mps
 
 namespace {
-
-// The MPS kernels of the ATen ops that lu_factor and solve call around
-// Apple's kernels, which the Linux wheel does not register: copies are the
-// patched Copy.mm's; fill_, zero_ and add_ are kernels on the current
-// stream, recorded as writes, that apply the CPU's op to the elements.
-void encodeOnElements(const at::Tensor& self, std::function<void(at::Tensor)> op) {
-  const sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(self));
-  glue::encodeKernel({glue::bufferOf(self)},
-                     [buffer,
-                      op = std::move(op),
-                      offset = self.storage_offset() * self.element_size(),
-                      sizes = self.sizes().vec(),
-                      strides = self.strides().vec(),
-                      dtype = self.scalar_type()] {
-                       op(at::from_blob(buffer->contents() + offset, sizes, strides, at::TensorOptions(dtype)));
-                     });
-}
-
-at::Tensor& fillMPS(at::Tensor& self, const at::Scalar& value) {
-  encodeOnElements(self, [value](at::Tensor t) { t.fill_(value); });
-  return self;
-}
-
-at::Tensor& zeroMPS(at::Tensor& self) {
-  return fillMPS(self, 0);
-}
-
-at::Tensor& addScalarMPS(at::Tensor& self, const at::Scalar& other, const at::Scalar& alpha) {
-  encodeOnElements(self, [other, alpha](at::Tensor t) { t.add_(other, alpha); });
-  return self;
-}
-
-at::Tensor& copyMPS(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
-  return at::native::mps::mps_copy_(self, src, non_blocking);
-}
-
-TORCH_LIBRARY_IMPL(aten, MPS, m) {
-  m.impl("fill_.Scalar", TORCH_FN(fillMPS));
-  m.impl("zero_", TORCH_FN(zeroMPS));
-  m.impl("add_.Scalar", TORCH_FN(addScalarMPS));
-  m.impl("copy_", TORCH_FN(copyMPS));
-}
 
 using glue::GlueTest;
 
