@@ -329,9 +329,11 @@ def tree_digest(tree):
 class Compiler:
     def __init__(self, include, cache=None):
         self.include = include
-        # --cache: results keyed by command, input and tree contents, for runs
-        # that share a tree (the baseline side of scripts/series.py compile).
+        # --cache: results keyed by command, input, tree contents and the
+        # stand-in headers, for runs that share a tree (the baseline side of
+        # scripts/series.py compile).
         self.cache, self.digests = cache, {}
+        self.standins = (tree_digest(SDK_DIR), tree_digest(SHIM_DIR)) if cache else None
         self.objc = [OBJC_RUNTIME] + PYTORCH_OBJCXX_FLAGS + ["-I", SHIM_DIR] + gnustep_flags() + [
             "-idirafter", gcc_objc_include()]
         self.python = python_include()
@@ -356,7 +358,7 @@ class Compiler:
         if self.cache:
             if tree not in self.digests:
                 self.digests[tree] = tree_digest(tree)
-            key = hashlib.sha256(repr((cmd, stdin, self.digests[tree])).encode()).hexdigest()
+            key = hashlib.sha256(repr((cmd, stdin, self.digests[tree], self.standins)).encode()).hexdigest()
             stored = os.path.join(self.cache, key + ".json")
             if os.path.isfile(stored):
                 with open(stored, encoding="utf-8") as f:
