@@ -2,6 +2,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/mps/MPSAllocatorInterface.h>
+#include <ATen/native/Resize.h>
 #include <ATen/native/mps/Copy.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/from_blob.h>
@@ -95,6 +96,25 @@ at::Tensor& copyMPS(at::Tensor& self, const at::Tensor& src, bool non_blocking) 
   return at::native::mps::mps_copy_(self, src, non_blocking);
 }
 
+// resize_ of an output: the CPU's resize of sizes and strides, growing only
+// an empty storage, through its allocator (the MPS one); a storage with
+// contents would need a copy on the GPU.
+const at::Tensor& resizeMPS(const at::Tensor& self,
+                            c10::SymIntArrayRef size,
+                            std::optional<at::MemoryFormat> memory_format) {
+  TORCH_CHECK(!memory_format || *memory_format == at::MemoryFormat::Contiguous,
+              "the glue's resize_ supports contiguous tensors only, not ",
+              *memory_format);
+  const at::IntArrayRef sizes = C10_AS_INTARRAYREF_SLOW(size);
+  const size_t bytes = c10::multiply_integers(sizes) * self.element_size();
+  TORCH_CHECK(self.storage().nbytes() == 0 || bytes <= self.storage().nbytes(),
+              "the glue's resize_ grows only an empty storage, not one of ",
+              self.storage().nbytes(),
+              " bytes");
+  at::native::resize_impl_cpu_(self.unsafeGetTensorImpl(), sizes, std::nullopt);
+  return self;
+}
+
 TORCH_LIBRARY_IMPL(aten, MPS, m) {
   m.impl("empty.memory_format", TORCH_FN(emptyMPS));
   m.impl("empty_strided", TORCH_FN(emptyStridedMPS));
@@ -104,6 +124,7 @@ TORCH_LIBRARY_IMPL(aten, MPS, m) {
   m.impl("zero_", TORCH_FN(zeroMPS));
   m.impl("add_.Scalar", TORCH_FN(addScalarMPS));
   m.impl("copy_", TORCH_FN(copyMPS));
+  m.impl("resize_", TORCH_FN(resizeMPS));
 }
 
 } // namespace

@@ -56,6 +56,12 @@ TORCH_API at::Tensor _weight_int8pack_mm_mps(
     const at::Tensor& A,
     const at::Tensor& B,
     const at::Tensor& scales);
+TORCH_API at::Tensor grid_sampler_3d_mps(
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners);
 TORCH_API at::Tensor& masked_fill__mps(
     at::Tensor& self,
     const at::Tensor& mask,

@@ -7,4 +7,13 @@
 #pragma once
 #include <mach/vm_param.h>
 
+// MacTypes.h, which CoreFoundation includes, defines these (GridSampler.mm
+// passes them as BOOL arguments).
+#ifndef TRUE
+#define TRUE 1
+#endif
+#ifndef FALSE
+#define FALSE 0
+#endif
+
 typedef double CFTimeInterval;
