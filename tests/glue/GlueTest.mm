@@ -66,8 +66,9 @@ at::Tensor asStridedMPS(const at::Tensor& self,
 // the current stream, recorded as writes, that apply the CPU's op to the
 // elements; copy_ is the patched Copy.mm's.
 void encodeOnElements(const at::Tensor& self, std::function<void(at::Tensor)> op) {
-  const sim::BufferPtr buffer = sim::metal::bufferOf(glue::bufferOf(self));
-  glue::encodeKernel({glue::bufferOf(self)},
+  id<MTLBuffer> mtl_buffer = glue::bufferOf(self);
+  const sim::BufferPtr buffer = sim::metal::bufferOf(mtl_buffer);
+  glue::encodeKernel({mtl_buffer},
                      [buffer,
                       op = std::move(op),
                       offset = self.storage_offset() * self.element_size(),

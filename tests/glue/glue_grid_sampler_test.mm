@@ -50,14 +50,17 @@ TEST_F(GlueTest, GridSampler3dOnManyStreamsSharesItsInputAndGridWithoutWaits) {
          expected.mutable_data_ptr<float>(),
          expected.numel());
   sim::metal::setBundledShaderSource(kGridSamplerLibrary);
-  sim::metal::defineKernel("grid_sampler_float", [&](const std::vector<sim::BufferPtr>& buffers) {
-    sample(glue::elements<float>(buffers.at(1)),
-           cpu_input.numel(),
-           glue::elements<float>(buffers.at(2)),
-           cpu_grid.numel(),
-           glue::elements<float>(buffers.at(0)),
-           expected.numel());
-  });
+  // Sizes by value: the simulator keeps the body after the test.
+  sim::metal::defineKernel("grid_sampler_float",
+                           [inputs = cpu_input.numel(), coordinates = cpu_grid.numel(), n = expected.numel()](
+                               const std::vector<sim::BufferPtr>& buffers) {
+                             sample(glue::elements<float>(buffers.at(1)),
+                                    inputs,
+                                    glue::elements<float>(buffers.at(2)),
+                                    coordinates,
+                                    glue::elements<float>(buffers.at(0)),
+                                    n);
+                           });
   const at::Tensor input = glue::toMPS(cpu_input), grid = glue::toMPS(cpu_grid);
   at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
   const int64_t waits_before = glue::trackerWaits();

@@ -2,17 +2,19 @@
 // anti-aliased forms, linear, trilinear and 3-D nearest upsampling take) on
 // threads that share one tensor, as a model interpolating its positional
 // embedding to each input's size does. The kernels' bodies are the test's,
-// in the bundled shader library: each scales by two as nearest-neighbour
-// upsampling does, which the CPU's upsample_nearest computes.
+// in the bundled shader library: each runs the CPU's nearest-neighbour
+// upsampling by two (its backward, the sum over each 2 x 2 block).
 
 #include "GlueTest.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/upsample_nearest2d.h>
 #include <ATen/ops/upsample_nearest3d.h>
 #include <ATen/ops/zeros_like.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -60,47 +62,34 @@ constexpr const char* kUpsampleLibrary =
     "kernel void upsample_trilinear_float(constant float* input, device float* output) {}\n"
     "kernel void upsample_bicubic2d_backward_float(device float* grad_input, constant float* grad_output) {}\n";
 
-// Element (c, z, y, x) of `dims` spatial dimensions, each `side` long.
-int64_t at3(int64_t c, int64_t z, int64_t y, int64_t x, int64_t side, int dims) {
-  return ((c * (dims == 3 ? side : 1) + z) * side + y) * side + x;
+// The shapes the bodies see: an image and a volume, and both upsampled.
+constexpr std::array<int64_t, 4> kImage{1, kChannels, kSide, kSide}, kImageUp{1, kChannels, 2 * kSide, 2 * kSide};
+constexpr std::array<int64_t, 5> kVolume{1, kChannels, kSide, kSide, kSide};
+constexpr std::array<int64_t, 5> kVolumeUp{1, kChannels, 2 * kSide, 2 * kSide, 2 * kSide};
+
+// The float elements of a simulated buffer as a CPU tensor of `sizes`.
+at::Tensor floats(const sim::BufferPtr& buffer, at::IntArrayRef sizes) {
+  return at::from_blob(buffer->contents(), sizes, at::kFloat);
 }
 
-// small[c][z][y][x] and big[c][2z + i][2y + j][2x + k], for every element of
-// small and i, j, k in {0, 1} (i only in 3-D): what `f` does with each pair.
-template <typename F>
-void forEachPair(int dims, F f) {
-  for (int64_t c = 0; c < kChannels; ++c) {
-    for (int64_t z = 0; z < (dims == 3 ? kSide : 1); ++z) {
-      for (int64_t y = 0; y < kSide; ++y) {
-        for (int64_t x = 0; x < kSide; ++x) {
-          for (int64_t i = 0; i < (dims == 3 ? 2 : 1); ++i) {
-            for (int64_t j = 0; j < 2; ++j) {
-              for (int64_t k = 0; k < 2; ++k) {
-                f(at3(c, z, y, x, kSide, dims),
-                  at3(c, dims == 3 ? 2 * z + i : 0, 2 * y + j, 2 * x + k, 2 * kSide, dims));
-              }
-            }
-          }
-        }
-      }
-    }
-  }
+// 2-D nearest upsampling's backward: each 2 x 2 block of the upsampled
+// image summed into one element.
+at::Tensor sumBlocks(const at::Tensor& upsampled) {
+  return upsampled.view({1, kChannels, kSide, 2, kSide, 2}).sum({3, 5});
 }
 
 void defineUpsampleKernels() {
   sim::metal::setBundledShaderSource(kUpsampleLibrary);
-  for (int dims : {2, 3}) {
-    sim::metal::defineKernel(dims == 2 ? "upsample_bicubic2d_float" : "upsample_trilinear_float",
-                             [dims](const std::vector<sim::BufferPtr>& buffers) {
-                               const float* in = glue::elements<float>(buffers.at(0));
-                               float* out = glue::elements<float>(buffers.at(1));
-                               forEachPair(dims, [&](int64_t s, int64_t b) { out[b] = in[s]; });
-                             });
-  }
+  sim::metal::defineKernel("upsample_bicubic2d_float", [](const std::vector<sim::BufferPtr>& buffers) {
+    floats(buffers.at(1), kImageUp)
+        .copy_(at::upsample_nearest2d(floats(buffers.at(0), kImage), {2 * kSide, 2 * kSide}));
+  });
+  sim::metal::defineKernel("upsample_trilinear_float", [](const std::vector<sim::BufferPtr>& buffers) {
+    floats(buffers.at(1), kVolumeUp)
+        .copy_(at::upsample_nearest3d(floats(buffers.at(0), kVolume), {2 * kSide, 2 * kSide, 2 * kSide}));
+  });
   sim::metal::defineKernel("upsample_bicubic2d_backward_float", [](const std::vector<sim::BufferPtr>& buffers) {
-    float* grad_input = glue::elements<float>(buffers.at(0));
-    const float* grad_output = glue::elements<float>(buffers.at(1));
-    forEachPair(2, [&](int64_t s, int64_t b) { grad_input[s] += grad_output[b]; });
+    floats(buffers.at(0), kImage).copy_(sumBlocks(floats(buffers.at(1), kImageUp)));
   });
 }
 
@@ -108,17 +97,15 @@ void defineUpsampleKernels() {
 // 2-D backward of one shared gradient, into tensors of their own, five
 // times each: the CPU's results, and no cross-stream wait, as the kernels
 // bind the tensor they read as a read. With all three bound as writes, as
-// v2.9.1 binds them, the tracker counted 109 to 112 waits; with any one of
+// v2.9.1 binds them, the tracker counted 107 to 112 waits; with any one of
 // them, 39 (3 of 3 runs each).
 TEST_F(GlueTest, UpsamplingOnManyStreamsSharesItsInputWithoutWaits) {
   constexpr int kThreads = 8, kRounds = 5;
   defineUpsampleKernels();
-  const at::Tensor cpu_image = at::randn({1, kChannels, kSide, kSide});
-  const at::Tensor cpu_volume = at::randn({1, kChannels, kSide, kSide, kSide});
-  const at::Tensor cpu_grad = at::randn({1, kChannels, 2 * kSide, 2 * kSide});
+  const at::Tensor cpu_image = at::randn(kImage), cpu_volume = at::randn(kVolume), cpu_grad = at::randn(kImageUp);
   const at::Tensor image_expected = at::upsample_nearest2d(cpu_image, {2 * kSide, 2 * kSide});
   const at::Tensor volume_expected = at::upsample_nearest3d(cpu_volume, {2 * kSide, 2 * kSide, 2 * kSide});
-  const at::Tensor grad_expected = cpu_grad.view({1, kChannels, kSide, 2, kSide, 2}).sum({3, 5});
+  const at::Tensor grad_expected = sumBlocks(cpu_grad);
   const at::Tensor image = glue::toMPS(cpu_image), volume = glue::toMPS(cpu_volume), grad = glue::toMPS(cpu_grad);
   at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
   const int64_t waits_before = glue::trackerWaits();

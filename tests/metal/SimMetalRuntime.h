@@ -52,7 +52,10 @@ void dispatchKernel(
     std::function<void()> body);
 // The bundled shader library's text: libtorch_cpu's metallib section
 // (tests/glue/standins/Darwin.mm), which newLibraryWithData: compiles as
-// newLibraryWithSource: does. None until this is called.
+// newLibraryWithSource: does. None until this is called. PyTorch loads the
+// bundled library once per process, so the text a process's first load
+// sees is the one it keeps: each glue test sets its own, in a process of
+// its own (tests/glue/CMakeLists.txt).
 void setBundledShaderSource(const std::string& source);
 std::string bytesOf(dispatch_data_t data);
 // What an MPS kernel's encodeToCommandEncoder: does: one dispatch in the
