@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -100,6 +101,24 @@ int64_t trackerWaits();
 // Runs fn(0) .. fn(n - 1) on n threads at once and joins them. An error a
 // thread raises is the test's failure, naming the thread.
 void onThreads(int n, const std::function<void(int)>& fn);
+
+// Another thread on `stream`, as threads beyond the pool's worker streams
+// share one, from construction until destruction: over and over, it encodes
+// an empty kernel there (leaving its encoder open) and then, in a serial
+// section of its own, runs then(i), i = 0, 1, 2, ...
+class OtherThreadOnStream {
+ public:
+  OtherThreadOnStream(
+      at::mps::MPSStream* stream,
+      std::function<void(int)> then);
+  ~OtherThreadOnStream();
+  OtherThreadOnStream(const OtherThreadOnStream&) = delete;
+  OtherThreadOnStream& operator=(const OtherThreadOnStream&) = delete;
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
 
 // Polls `done` until it holds or `limit` passes; true if it held.
 bool eventually(

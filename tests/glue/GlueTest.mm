@@ -5,7 +5,10 @@
 #include <ATen/native/Resize.h>
 #include <ATen/native/mps/Copy.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/mul.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/SymIntArrayRef.h>
@@ -16,6 +19,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
+#include <vector>
 
 namespace {
 
@@ -62,25 +67,38 @@ at::Tensor asStridedMPS(const at::Tensor& self,
                                            storage_offset ? std::optional(storage_offset->expect_int()) : std::nullopt);
 }
 
-// fill_, zero_ and add_, which ops call around their kernels: kernels on
-// the current stream, recorded as writes, that apply the CPU's op to the
-// elements; copy_ is the patched Copy.mm's.
-void encodeOnElements(const at::Tensor& self, std::function<void(at::Tensor)> op) {
-  id<MTLBuffer> mtl_buffer = glue::bufferOf(self);
-  const sim::BufferPtr buffer = sim::metal::bufferOf(mtl_buffer);
-  glue::encodeKernel({mtl_buffer},
-                     [buffer,
-                      op = std::move(op),
-                      offset = self.storage_offset() * self.element_size(),
-                      sizes = self.sizes().vec(),
-                      strides = self.strides().vec(),
-                      dtype = self.scalar_type()] {
-                       op(at::from_blob(buffer->contents() + offset, sizes, strides, at::TensorOptions(dtype)));
-                     });
+// fill_, zero_, add_, linalg_vector_norm and mul.out, which ops call
+// around their kernels: a kernel on the current stream that records every
+// tensor's buffer as written and applies the CPU's op to views of them;
+// copy_ is the patched Copy.mm's.
+void encodeOnElements(const std::vector<at::Tensor>& tensors, std::function<void(std::vector<at::Tensor>)> op) {
+  struct View {
+    sim::BufferPtr buffer;
+    int64_t offset;
+    std::vector<int64_t> sizes, strides;
+    at::ScalarType dtype;
+  };
+  std::vector<id<MTLBuffer>> buffers;
+  std::vector<View> views;
+  for (const at::Tensor& t : tensors) {
+    buffers.push_back(glue::bufferOf(t));
+    views.push_back({sim::metal::bufferOf(buffers.back()),
+                     t.storage_offset() * t.element_size(),
+                     t.sizes().vec(),
+                     t.strides().vec(),
+                     t.scalar_type()});
+  }
+  glue::encodeKernel(buffers, [views = std::move(views), op = std::move(op)] {
+    std::vector<at::Tensor> on_cpu;
+    for (const View& v : views) {
+      on_cpu.push_back(at::from_blob(v.buffer->contents() + v.offset, v.sizes, v.strides, at::TensorOptions(v.dtype)));
+    }
+    op(std::move(on_cpu));
+  });
 }
 
 at::Tensor& fillMPS(at::Tensor& self, const at::Scalar& value) {
-  encodeOnElements(self, [value](at::Tensor t) { t.fill_(value); });
+  encodeOnElements({self}, [value](std::vector<at::Tensor> t) { t[0].fill_(value); });
   return self;
 }
 
@@ -89,8 +107,31 @@ at::Tensor& zeroMPS(at::Tensor& self) {
 }
 
 at::Tensor& addScalarMPS(at::Tensor& self, const at::Scalar& other, const at::Scalar& alpha) {
-  encodeOnElements(self, [other, alpha](at::Tensor t) { t.add_(other, alpha); });
+  encodeOnElements({self}, [other, alpha](std::vector<at::Tensor> t) { t[0].add_(other, alpha); });
   return self;
+}
+
+at::Tensor linalgVectorNormMPS(const at::Tensor& self,
+                               const at::Scalar& ord,
+                               at::OptionalIntArrayRef dim,
+                               bool keepdim,
+                               std::optional<at::ScalarType> dtype) {
+  std::optional<std::vector<int64_t>> dims;
+  if (dim) {
+    dims = dim->vec();
+  }
+  const at::Tensor shape =
+      at::linalg_vector_norm(at::empty(self.sizes(), self.options().device(at::kMeta)), ord, dim, keepdim, dtype);
+  at::Tensor out = at::empty(shape.sizes(), self.options().dtype(shape.scalar_type()));
+  encodeOnElements({self, out}, [ord, dims, keepdim, dtype](std::vector<at::Tensor> t) {
+    at::linalg_vector_norm_out(t[1], t[0], ord, dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, keepdim, dtype);
+  });
+  return out;
+}
+
+at::Tensor& mulOutMPS(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  encodeOnElements({self, other, out}, [](std::vector<at::Tensor> t) { at::mul_out(t[2], t[0], t[1]); });
+  return out;
 }
 
 at::Tensor& copyMPS(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
@@ -124,6 +165,8 @@ TORCH_LIBRARY_IMPL(aten, MPS, m) {
   m.impl("fill_.Scalar", TORCH_FN(fillMPS));
   m.impl("zero_", TORCH_FN(zeroMPS));
   m.impl("add_.Scalar", TORCH_FN(addScalarMPS));
+  m.impl("linalg_vector_norm", TORCH_FN(linalgVectorNormMPS));
+  m.impl("mul.out", TORCH_FN(mulOutMPS));
   m.impl("copy_", TORCH_FN(copyMPS));
   m.impl("resize_", TORCH_FN(resizeMPS));
 }
@@ -261,6 +304,26 @@ void onThreads(int n, const std::function<void(int)>& fn) {
   for (auto& t : threads) {
     t.join();
   }
+}
+
+OtherThreadOnStream::OtherThreadOnStream(at::mps::MPSStream* stream, std::function<void(int)> then)
+    : thread_([this, stream, then = std::move(then)] {
+        c10::StreamGuard guard(stream->unwrap());
+        const at::Tensor scratch = mpsTensor(8);
+        id<MTLBuffer> buffer = bufferOf(scratch);
+        for (int i = 0; !done_.load(); ++i) {
+          @autoreleasepool {
+            encodeKernel({buffer}, [] {});
+            dispatch_sync(stream->queue(), ^() {
+              then(i);
+            });
+          }
+        }
+      }) {}
+
+OtherThreadOnStream::~OtherThreadOnStream() {
+  done_ = true;
+  thread_.join();
 }
 
 bool eventually(const std::function<bool()>& done, std::chrono::milliseconds limit) {

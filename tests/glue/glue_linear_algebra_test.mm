@@ -26,14 +26,10 @@
 #include <ATen/ops/zeros_like.h>
 #include <c10/core/Scalar.h>
 #include <c10/core/StreamGuard.h>
-#include <c10/util/ScopeExit.h>
-#include <dispatch/dispatch.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -292,28 +288,14 @@ void expectOrderedOnASharedStream(const std::function<Outputs()>& op) {
   at::mps::MPSStream* shared = at::mps::getMPSStream(1);
   at::mps::MPSStream* reader = at::mps::getMPSStream(2);
   c10::StreamGuard guard(shared->unwrap());
-  std::atomic<bool> done{false};
-  std::thread other([&] {
-    c10::StreamGuard other_guard(shared->unwrap());
-    const at::Tensor scratch = glue::mpsTensor(8);
-    id<MTLBuffer> buffer = glue::bufferOf(scratch);
-    for (int i = 0; !done.load(); ++i) {
-      glue::encodeKernel({buffer}, [] {});
-      dispatch_sync(shared->queue(), ^() {
-        // Held for a while, so that the op's thread often waits here.
-        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-        while (std::chrono::steady_clock::now() < until) {
-        }
-        if (i % 2 == 0) {
-          shared->endKernelCoalescing();
-        }
-      });
+  glue::OtherThreadOnStream other(shared, [shared](int i) {
+    // Held for a while, so that the op's thread often waits here.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    while (std::chrono::steady_clock::now() < until) {
     }
-  });
-  // Stops and joins the other thread however the rounds end.
-  auto stop = c10::make_scope_exit([&] {
-    done = true;
-    other.join();
+    if (i % 2 == 0) {
+      shared->endKernelCoalescing();
+    }
   });
   int stale = 0;
   for (int r = 0; r < kRounds; ++r) {
