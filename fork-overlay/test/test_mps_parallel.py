@@ -222,9 +222,9 @@ class TestMPSCrossThread(_DeviceTestCase):
 
     def test_threads_reading_one_tensor(self):
         # Copies of one tensor, also to and from strided views (gather and scatter kernels), integer matmuls by it
-        # (a Metal kernel), indexing kernels reading it, a mask and row indices, and bilinear upsampling of it (a Metal
-        # kernel; exact for integers) on eight threads at once only read them: no thread waits for another or raises
-        # the error for work that two streams need in opposite orders.
+        # and its bitwise and (Metal kernels), indexing kernels reading it, a mask and row indices, and bilinear
+        # upsampling of it (a Metal kernel; exact for integers) on eight threads at once only read them: no thread
+        # waits for another or raises the error for work that two streams need in opposite orders.
         w_cpu, rows_cpu = torch.randint(-9, 10, (64, 64)), torch.tensor([5, 0, 63])
         w, mask, rows = w_cpu.to(self.device), (w_cpu > 0).to(self.device), rows_cpu.to(self.device)
         image = w_cpu[None, None].float().to(self.device)
@@ -234,7 +234,7 @@ class TestMPSCrossThread(_DeviceTestCase):
             x = torch.full((64, 64), i, device=self.device)
             barrier.wait(TIMEOUT)
             for _ in range(20):
-                outs = (w.clone(), w.to(torch.int32), w.cpu(), x @ w, w.t().contiguous(),
+                outs = (w.clone(), w.to(torch.int32), w.cpu(), x @ w, x & w, w.t().contiguous(),
                         torch.empty_like(w).t().copy_(w), x.masked_fill(mask, -1), w[rows],
                         x.index_copy(0, rows, w[:3]), nn.functional.interpolate(image, scale_factor=2, mode="bilinear"))
             return outs
@@ -242,8 +242,8 @@ class TestMPSCrossThread(_DeviceTestCase):
         for i, outs in enumerate(_Threads(read, 8, barrier).join()):
             x = torch.full((64, 64), i)
             self.assertEqual([o.cpu() for o in outs],
-                             [w_cpu, w_cpu.int(), w_cpu, x @ w_cpu, w_cpu.t(), w_cpu, x.masked_fill(w_cpu > 0, -1),
-                              w_cpu[rows_cpu], x.index_copy(0, rows_cpu, w_cpu[:3]),
+                             [w_cpu, w_cpu.int(), w_cpu, x @ w_cpu, x & w_cpu, w_cpu.t(), w_cpu,
+                              x.masked_fill(w_cpu > 0, -1), w_cpu[rows_cpu], x.index_copy(0, rows_cpu, w_cpu[:3]),
                               nn.functional.interpolate(w_cpu[None, None].float(), scale_factor=2, mode="bilinear")])
 
     def test_outputs_of_exited_threads(self):

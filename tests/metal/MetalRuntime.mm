@@ -445,6 +445,12 @@ SIM_OBJC_RETAIN_COUNT(ComputeEncoderState)
 - (id<MTLDevice>)device {
   return state<ComputeEncoderState>(self).device;
 }
+// Debug groups label commands for Apple's tools and change nothing the
+// simulator models.
+- (void)pushDebugGroup:(NSString*)string {
+}
+- (void)popDebugGroup {
+}
 - (void)setBuffer:(id<MTLBuffer>)buffer offset:(NSUInteger)offset atIndex:(NSUInteger)index {
   auto& s = state<ComputeEncoderState>(self);
   id<MTLBuffer>& slot = s.bound[index];
@@ -533,6 +539,11 @@ SIM_OBJC_STATE(BlitEncoderState)
 SIM_OBJC_RETAIN_COUNT(BlitEncoderState)
 - (id<MTLDevice>)device {
   return state<BlitEncoderState>(self).device;
+}
+// Debug groups: as SimComputeEncoder's.
+- (void)pushDebugGroup:(NSString*)string {
+}
+- (void)popDebugGroup {
 }
 - (void)fillBuffer:(id<MTLBuffer>)buffer range:(NSRange)range value:(uint8_t)value {
   BufferPtr b = bufferOf(buffer);

@@ -5,7 +5,13 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/bitwise_and_meta.h>
+#include <ATen/ops/bitwise_or_meta.h>
+#include <ATen/ops/bitwise_xor_meta.h>
+#include <ATen/ops/digamma_meta.h>
 #include <ATen/ops/index_copy_meta.h>
+#include <ATen/ops/lgamma_meta.h>
+#include <ATen/ops/polygamma_meta.h>
 #include <c10/core/Scalar.h>
 
 #include <optional>
@@ -13,6 +19,39 @@
 
 namespace at::native {
 
+struct TORCH_API structured_bitwise_and_out_mps
+    : public at::meta::structured_bitwise_and_Tensor {
+  void impl(
+      const at::Tensor& self,
+      const at::Tensor& other,
+      const at::Tensor& out);
+};
+struct TORCH_API structured_bitwise_or_out_mps
+    : public at::meta::structured_bitwise_or_Tensor {
+  void impl(
+      const at::Tensor& self,
+      const at::Tensor& other,
+      const at::Tensor& out);
+};
+struct TORCH_API structured_bitwise_xor_out_mps
+    : public at::meta::structured_bitwise_xor_Tensor {
+  void impl(
+      const at::Tensor& self,
+      const at::Tensor& other,
+      const at::Tensor& out);
+};
+struct TORCH_API structured_lgamma_out_mps
+    : public at::meta::structured_lgamma {
+  void impl(const at::Tensor& self, const at::Tensor& out);
+};
+struct TORCH_API structured_digamma_out_mps
+    : public at::meta::structured_digamma {
+  void impl(const at::Tensor& self, const at::Tensor& out);
+};
+struct TORCH_API structured_polygamma_out_mps
+    : public at::meta::structured_polygamma {
+  void impl(int64_t n, const at::Tensor& self, const at::Tensor& out);
+};
 struct TORCH_API structured_index_copy_out_mps
     : public at::meta::structured_index_copy {
   void impl(

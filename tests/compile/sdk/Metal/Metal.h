@@ -238,6 +238,8 @@ id<MTLDevice> MTLCreateSystemDefaultDevice(void);
 @protocol MTLCommandEncoder<NSObject>
 @property(readonly) id<MTLDevice> device;
 - (void)endEncoding;
+- (void)pushDebugGroup:(NSString*)string;
+- (void)popDebugGroup;
 @end
 
 @protocol MTLComputeCommandEncoder<MTLCommandEncoder>
