@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,11 +43,16 @@ constexpr const char* kGammaLibrary =
 
 // Bodies over kElements elements: out = f(in) for Gamma.mm's kernels (input
 // first), computed by the CPU's op in double precision, as the simulated GPU
-// computes; out = a op b for BitwiseOps.mm's (output first).
+// computes; out = a op b for BitwiseOps.mm's (output first). The C library's
+// lgamma, which the CPU's ops call, writes the global signgam: the bodies,
+// which run on the queues' threads at once, take turns, and the test's
+// threads compare with values computed before they start.
+std::mutex gamma_mu;
 void defineUnary(const char* name, std::function<at::Tensor(const at::Tensor&)> f) {
   sim::metal::defineKernel(name, [f = std::move(f)](const std::vector<sim::BufferPtr>& buffers) {
     const at::Tensor in = at::from_blob(glue::elements<float>(buffers.at(0)), {kElements});
     const at::Tensor out = at::from_blob(glue::elements<float>(buffers.at(1)), {kElements});
+    std::lock_guard<std::mutex> lock(gamma_mu);
     out.copy_(f(in.to(at::kDouble)));
   });
 }
@@ -98,6 +104,11 @@ TEST_F(GlueTest, BitwiseAndGammaOpsOnManyStreamsShareTheirInputsWithoutWaits) {
   const at::Tensor cpu_b = at::randint(0, 1 << 20, {kElements}, at::kLong);
   const at::Tensor cpu_x = at::rand({kElements}) * 4 + 1;
   const at::Tensor a = glue::toMPS(cpu_a), b = glue::toMPS(cpu_b), x = glue::toMPS(cpu_x);
+  const at::Tensor want_and = at::bitwise_and(cpu_a, cpu_b), want_or = at::bitwise_or(cpu_a, cpu_b),
+                   want_xor = at::bitwise_xor(cpu_a, cpu_b);
+  const at::Tensor want_lgamma = at::lgamma(cpu_x.to(at::kDouble)).to(at::kFloat),
+                   want_digamma = at::digamma(cpu_x.to(at::kDouble)).to(at::kFloat),
+                   want_polygamma = polygammaOf(cpu_x.to(at::kDouble)).to(at::kFloat);
   at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
   const int64_t waits_before = glue::trackerWaits();
   glue::onThreads(kThreads, [&](int) {
@@ -115,12 +126,12 @@ TEST_F(GlueTest, BitwiseAndGammaOpsOnManyStreamsShareTheirInputsWithoutWaits) {
         Into<at::native::structured_polygamma_out_mps>(polygamma).impl(kPolygammaOrder, x, polygamma);
       }
       at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
-      EXPECT_TRUE(glue::toCPU(and_).equal(at::bitwise_and(cpu_a, cpu_b)));
-      EXPECT_TRUE(glue::toCPU(or_).equal(at::bitwise_or(cpu_a, cpu_b)));
-      EXPECT_TRUE(glue::toCPU(xor_).equal(at::bitwise_xor(cpu_a, cpu_b)));
-      glue::expectClose(glue::toCPU(lgamma), at::lgamma(cpu_x.to(at::kDouble)).to(at::kFloat), "lgamma");
-      glue::expectClose(glue::toCPU(digamma), at::digamma(cpu_x.to(at::kDouble)).to(at::kFloat), "digamma");
-      glue::expectClose(glue::toCPU(polygamma), polygammaOf(cpu_x.to(at::kDouble)).to(at::kFloat), "polygamma");
+      EXPECT_TRUE(glue::toCPU(and_).equal(want_and));
+      EXPECT_TRUE(glue::toCPU(or_).equal(want_or));
+      EXPECT_TRUE(glue::toCPU(xor_).equal(want_xor));
+      glue::expectClose(glue::toCPU(lgamma), want_lgamma, "lgamma");
+      glue::expectClose(glue::toCPU(digamma), want_digamma, "digamma");
+      glue::expectClose(glue::toCPU(polygamma), want_polygamma, "polygamma");
     }
   });
   EXPECT_EQ(glue::trackerWaits(), waits_before);
