@@ -74,6 +74,20 @@ template <typename T>
 T* elements(const sim::BufferPtr& buffer) {
   return reinterpret_cast<T*>(buffer->contents());
 }
+// A kernel body's view of `buffer`'s float elements as a CPU tensor of
+// `sizes`.
+at::Tensor floats(const sim::BufferPtr& buffer, at::IntArrayRef sizes);
+
+// A structured kernel (an op file's TORCH_IMPL_FUNC) holding its output as
+// the dispatcher's out= wrapper does; impl() writes the `out` it is given.
+template <typename Kernel>
+struct Into final : Kernel {
+  explicit Into(const at::Tensor& out) : out(out) {}
+  const at::Tensor& maybe_get_output(int64_t) override {
+    return out;
+  }
+  const at::Tensor& out;
+};
 
 // An op on the calling thread's current stream, in its own autorelease pool
 // as ops have: binds `buffers` in the stream's compute encoder and

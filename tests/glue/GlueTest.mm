@@ -116,10 +116,7 @@ at::Tensor linalgVectorNormMPS(const at::Tensor& self,
                                at::OptionalIntArrayRef dim,
                                bool keepdim,
                                std::optional<at::ScalarType> dtype) {
-  std::optional<std::vector<int64_t>> dims;
-  if (dim) {
-    dims = dim->vec();
-  }
+  const std::optional<std::vector<int64_t>> dims = dim ? std::make_optional(dim->vec()) : std::nullopt;
   const at::Tensor shape =
       at::linalg_vector_norm(at::empty(self.sizes(), self.options().device(at::kMeta)), ord, dim, keepdim, dtype);
   at::Tensor out = at::empty(shape.sizes(), self.options().dtype(shape.scalar_type()));
@@ -242,6 +239,10 @@ int64_t* words(sim::Buffer& buffer) {
 
 int64_t* words(id<MTLBuffer> buffer) {
   return words(*sim::metal::bufferOf(buffer));
+}
+
+at::Tensor floats(const sim::BufferPtr& buffer, at::IntArrayRef sizes) {
+  return at::from_blob(buffer->contents(), sizes, at::kFloat);
 }
 
 void encodeKernel(const std::vector<id<MTLBuffer>>& buffers, std::function<void()> body, Tracking tracking) {

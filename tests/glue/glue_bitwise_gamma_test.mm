@@ -12,7 +12,6 @@
 #include <ATen/ops/bitwise_or.h>
 #include <ATen/ops/bitwise_xor.h>
 #include <ATen/ops/digamma.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/lgamma.h>
 #include <ATen/ops/polygamma.h>
 #include <ATen/ops/rand.h>
@@ -50,8 +49,8 @@ constexpr const char* kGammaLibrary =
 std::mutex gamma_mu;
 void defineUnary(const char* name, std::function<at::Tensor(const at::Tensor&)> f) {
   sim::metal::defineKernel(name, [f = std::move(f)](const std::vector<sim::BufferPtr>& buffers) {
-    const at::Tensor in = at::from_blob(glue::elements<float>(buffers.at(0)), {kElements});
-    const at::Tensor out = at::from_blob(glue::elements<float>(buffers.at(1)), {kElements});
+    const at::Tensor in = glue::floats(buffers.at(0), {kElements});
+    const at::Tensor out = glue::floats(buffers.at(1), {kElements});
     std::lock_guard<std::mutex> lock(gamma_mu);
     out.copy_(f(in.to(at::kDouble)));
   });
@@ -71,17 +70,6 @@ void defineBinary(const char* name, int64_t (*op)(int64_t, int64_t)) {
 at::Tensor polygammaOf(const at::Tensor& x) {
   return at::polygamma(kPolygammaOrder, x);
 }
-
-// A structured kernel holding its output as the dispatcher's out= wrapper
-// does; impl() writes the `out` it is given.
-template <typename Kernel>
-struct Into final : Kernel {
-  explicit Into(const at::Tensor& out) : out(out) {}
-  const at::Tensor& maybe_get_output(int64_t) override {
-    return out;
-  }
-  const at::Tensor& out;
-};
 
 void defineKernels() {
   sim::metal::setBundledShaderSource(kGammaLibrary);
@@ -118,12 +106,12 @@ TEST_F(GlueTest, BitwiseAndGammaOpsOnManyStreamsShareTheirInputsWithoutWaits) {
       const at::Tensor lgamma = glue::toMPS(at::zeros_like(cpu_x)), digamma = glue::toMPS(at::zeros_like(cpu_x)),
                        polygamma = glue::toMPS(at::zeros_like(cpu_x));
       @autoreleasepool {
-        Into<at::native::structured_bitwise_and_out_mps>(and_).impl(a, b, and_);
-        Into<at::native::structured_bitwise_or_out_mps>(or_).impl(a, b, or_);
-        Into<at::native::structured_bitwise_xor_out_mps>(xor_).impl(a, b, xor_);
-        Into<at::native::structured_lgamma_out_mps>(lgamma).impl(x, lgamma);
-        Into<at::native::structured_digamma_out_mps>(digamma).impl(x, digamma);
-        Into<at::native::structured_polygamma_out_mps>(polygamma).impl(kPolygammaOrder, x, polygamma);
+        glue::Into<at::native::structured_bitwise_and_out_mps>(and_).impl(a, b, and_);
+        glue::Into<at::native::structured_bitwise_or_out_mps>(or_).impl(a, b, or_);
+        glue::Into<at::native::structured_bitwise_xor_out_mps>(xor_).impl(a, b, xor_);
+        glue::Into<at::native::structured_lgamma_out_mps>(lgamma).impl(x, lgamma);
+        glue::Into<at::native::structured_digamma_out_mps>(digamma).impl(x, digamma);
+        glue::Into<at::native::structured_polygamma_out_mps>(polygamma).impl(kPolygammaOrder, x, polygamma);
       }
       at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
       EXPECT_TRUE(glue::toCPU(and_).equal(want_and));
@@ -148,10 +136,11 @@ TEST_F(GlueTest, BitwiseAndGammaErrorsInTheirSerialSectionReachTheCaller) {
   const at::Tensor mps = glue::toMPS(on_cpu), out = glue::toMPS(at::zeros_like(on_cpu));
   const at::Tensor x_on_cpu = at::rand({kElements}), y = glue::toMPS(at::zeros_like(x_on_cpu));
   const std::vector<std::pair<const char*, std::function<void()>>> calls = {
-      {"bitwise_and", [&] { Into<at::native::structured_bitwise_and_out_mps>(out).impl(mps, on_cpu, out); }},
-      {"lgamma", [&] { Into<at::native::structured_lgamma_out_mps>(y).impl(x_on_cpu, y); }},
-      {"digamma", [&] { Into<at::native::structured_digamma_out_mps>(y).impl(x_on_cpu, y); }},
-      {"polygamma", [&] { Into<at::native::structured_polygamma_out_mps>(y).impl(kPolygammaOrder, x_on_cpu, y); }},
+      {"bitwise_and", [&] { glue::Into<at::native::structured_bitwise_and_out_mps>(out).impl(mps, on_cpu, out); }},
+      {"lgamma", [&] { glue::Into<at::native::structured_lgamma_out_mps>(y).impl(x_on_cpu, y); }},
+      {"digamma", [&] { glue::Into<at::native::structured_digamma_out_mps>(y).impl(x_on_cpu, y); }},
+      {"polygamma",
+       [&] { glue::Into<at::native::structured_polygamma_out_mps>(y).impl(kPolygammaOrder, x_on_cpu, y); }},
   };
   for (const auto& [name, call] : calls) {
     try {

@@ -101,16 +101,6 @@ void defineIndexingKernels() {
   });
 }
 
-// index_copy's structured kernel, holding its output as the dispatcher's
-// out= wrapper does; impl() writes `out`.
-struct IndexCopyInto final : at::native::structured_index_copy_out_mps {
-  explicit IndexCopyInto(const at::Tensor& out) : out(out) {}
-  const at::Tensor& maybe_get_output(int64_t) override {
-    return out;
-  }
-  const at::Tensor& out;
-};
-
 // What aten::index builds for input[index] with a 1-d input and index: the
 // output, the input with the indexed dimension's stride 0, and the index.
 void indexInto(at::Tensor& out, const at::Tensor& input, const at::Tensor& index) {
@@ -157,7 +147,7 @@ TEST_F(GlueTest, IndexingKernelsOnManyStreamsReadSharedTensorsWithoutWaits) {
       at::Tensor pick = glue::toMPS(at::empty({kPicked}, at::kLong));
       @autoreleasepool {
         at::native::masked_fill__mps(fill, mask, kFill);
-        IndexCopyInto(copy).impl(self, 0, rows, source, copy);
+        glue::Into<at::native::structured_index_copy_out_mps>(copy).impl(self, 0, rows, source, copy);
         indexInto(pick, values, rows);
       }
       at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);

@@ -8,7 +8,6 @@
 #include "GlueTest.h"
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/upsample_nearest2d.h>
 #include <ATen/ops/upsample_nearest3d.h>
@@ -67,11 +66,6 @@ constexpr std::array<int64_t, 4> kImage{1, kChannels, kSide, kSide}, kImageUp{1,
 constexpr std::array<int64_t, 5> kVolume{1, kChannels, kSide, kSide, kSide};
 constexpr std::array<int64_t, 5> kVolumeUp{1, kChannels, 2 * kSide, 2 * kSide, 2 * kSide};
 
-// The float elements of a simulated buffer as a CPU tensor of `sizes`.
-at::Tensor floats(const sim::BufferPtr& buffer, at::IntArrayRef sizes) {
-  return at::from_blob(buffer->contents(), sizes, at::kFloat);
-}
-
 // 2-D nearest upsampling's backward: each 2 x 2 block of the upsampled
 // image summed into one element.
 at::Tensor sumBlocks(const at::Tensor& upsampled) {
@@ -81,15 +75,15 @@ at::Tensor sumBlocks(const at::Tensor& upsampled) {
 void defineUpsampleKernels() {
   sim::metal::setBundledShaderSource(kUpsampleLibrary);
   sim::metal::defineKernel("upsample_bicubic2d_float", [](const std::vector<sim::BufferPtr>& buffers) {
-    floats(buffers.at(1), kImageUp)
-        .copy_(at::upsample_nearest2d(floats(buffers.at(0), kImage), {2 * kSide, 2 * kSide}));
+    glue::floats(buffers.at(1), kImageUp)
+        .copy_(at::upsample_nearest2d(glue::floats(buffers.at(0), kImage), {2 * kSide, 2 * kSide}));
   });
   sim::metal::defineKernel("upsample_trilinear_float", [](const std::vector<sim::BufferPtr>& buffers) {
-    floats(buffers.at(1), kVolumeUp)
-        .copy_(at::upsample_nearest3d(floats(buffers.at(0), kVolume), {2 * kSide, 2 * kSide, 2 * kSide}));
+    glue::floats(buffers.at(1), kVolumeUp)
+        .copy_(at::upsample_nearest3d(glue::floats(buffers.at(0), kVolume), {2 * kSide, 2 * kSide, 2 * kSide}));
   });
   sim::metal::defineKernel("upsample_bicubic2d_backward_float", [](const std::vector<sim::BufferPtr>& buffers) {
-    floats(buffers.at(0), kImage).copy_(sumBlocks(floats(buffers.at(1), kImageUp)));
+    glue::floats(buffers.at(0), kImage).copy_(sumBlocks(glue::floats(buffers.at(1), kImageUp)));
   });
 }
 
