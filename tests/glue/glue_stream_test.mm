@@ -313,28 +313,30 @@ TEST_F(GlueTest, CrossStreamUseIsOrderedWithoutEvents) {
 // buffer the recipe holds must still take its encoder.
 TEST_F(GlueTest, ExtensionCommandBufferStaysOpenWhenAnotherStreamCommitsEarlierWork) {
   std::thread([] {
-    const auto& hooks = at::detail::getMPSHooks();
-    c10::DataPtr produced = glue::allocated(64);
-    c10::DataPtr result = glue::allocated(64);
-    glue::encodeIncrement(glue::bufferOf(produced));
-    id<MTLCommandBuffer> buffer = (__bridge id<MTLCommandBuffer>)hooks.getCommandBuffer();
-    dispatch_queue_t queue = (__bridge dispatch_queue_t)hooks.getDispatchQueue();
-    std::thread([&] {
-      c10::DataPtr copy = glue::allocated(64);
-      glue::encodeCopy(glue::bufferOf(produced), glue::bufferOf(copy));
+    @autoreleasepool {
+      const auto& hooks = at::detail::getMPSHooks();
+      c10::DataPtr produced = glue::allocated(64);
+      c10::DataPtr result = glue::allocated(64);
+      glue::encodeIncrement(glue::bufferOf(produced));
+      id<MTLCommandBuffer> buffer = (__bridge id<MTLCommandBuffer>)hooks.getCommandBuffer();
+      dispatch_queue_t queue = (__bridge dispatch_queue_t)hooks.getDispatchQueue();
+      std::thread([&] {
+        c10::DataPtr copy = glue::allocated(64);
+        glue::encodeCopy(glue::bufferOf(produced), glue::bufferOf(copy));
+        at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+        EXPECT_EQ(glue::words(glue::bufferOf(copy))[0], 1);
+      }).join();
+      id<MTLBuffer> out = glue::bufferOf(result);
+      sim::BufferPtr words = sim::metal::bufferOf(out);
+      dispatch_sync(queue, ^() {
+        id<MTLComputeCommandEncoder> encoder = [buffer computeCommandEncoder];
+        sim::metal::dispatchKernel(encoder, {out}, [words] { glue::words(*words)[0] = 7; });
+        [encoder endEncoding];
+        hooks.commitStream();
+      });
       at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
-      EXPECT_EQ(glue::words(glue::bufferOf(copy))[0], 1);
-    }).join();
-    id<MTLBuffer> out = glue::bufferOf(result);
-    sim::BufferPtr words = sim::metal::bufferOf(out);
-    dispatch_sync(queue, ^() {
-      id<MTLComputeCommandEncoder> encoder = [buffer computeCommandEncoder];
-      sim::metal::dispatchKernel(encoder, {out}, [words] { glue::words(*words)[0] = 7; });
-      [encoder endEncoding];
-      hooks.commitStream();
-    });
-    at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
-    EXPECT_EQ(glue::words(out)[0], 7);
+      EXPECT_EQ(glue::words(out)[0], 7);
+    }
   }).join();
 }
 
