@@ -327,10 +327,10 @@ TEST_F(GlueTest, ExtensionCommandBufferStaysOpenWhenAnotherStreamCommitsEarlierW
         EXPECT_EQ(glue::words(glue::bufferOf(copy))[0], 1);
       }).join();
       id<MTLBuffer> out = glue::bufferOf(result);
-      sim::BufferPtr words = sim::metal::bufferOf(out);
+      sim::BufferPtr simulated = sim::metal::bufferOf(out);
       dispatch_sync(queue, ^() {
         id<MTLComputeCommandEncoder> encoder = [buffer computeCommandEncoder];
-        sim::metal::dispatchKernel(encoder, {out}, [words] { glue::words(*words)[0] = 7; });
+        sim::metal::dispatchKernel(encoder, {out}, [simulated] { glue::words(*simulated)[0] = 7; });
         [encoder endEncoding];
         hooks.commitStream();
       });
