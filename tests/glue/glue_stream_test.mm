@@ -10,6 +10,7 @@
 #include <MetalPerformanceShadersGraph/MetalPerformanceShadersGraph.h>
 
 #include <atomic>
+#include <future>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -335,6 +336,42 @@ TEST_F(GlueTest, ExtensionCommandBufferStaysOpenWhenAnotherStreamCommitsEarlierW
         hooks.commitStream();
       });
       at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+      EXPECT_EQ(glue::words(out)[0], 7);
+    }
+  }).join();
+}
+
+// An extension may run its block with dispatch_async on get_dispatch_queue():
+// the block runs on a libdispatch thread, yet takes the command buffer of the
+// queue's stream and commits that stream, leasing no stream of its own.
+TEST_F(GlueTest, ExtensionAsyncBlockEncodesAndCommitsOnTheQueuesStream) {
+  std::thread([] {
+    @autoreleasepool {
+      const auto& hooks = at::detail::getMPSHooks();
+      MPSStream* stream = at::mps::getCurrentMPSStream();
+      c10::DataPtr result = glue::allocated(64);
+      id<MTLBuffer> out = glue::bufferOf(result);
+      sim::BufferPtr simulated = sim::metal::bufferOf(out);
+      const uint64_t committed = stream->pendingCommitPoint();
+      dispatch_queue_t queue = (__bridge dispatch_queue_t)hooks.getDispatchQueue();
+      std::promise<int> done;
+      std::promise<int>* finished = &done;
+      dispatch_async(queue, ^() {
+        @autoreleasepool {
+          id<MTLCommandBuffer> buffer = (__bridge id<MTLCommandBuffer>)hooks.getCommandBuffer();
+          id<MTLComputeCommandEncoder> encoder = [buffer computeCommandEncoder];
+          sim::metal::dispatchKernel(encoder, {out}, [simulated] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(3));
+            glue::words(*simulated)[0] = 7;
+          });
+          [encoder endEncoding];
+          hooks.commitStream();
+        }
+        finished->set_value(at::mps::getMPSStreamPool().slots().leasedSlots());
+      });
+      EXPECT_EQ(done.get_future().get(), 1) << "leased streams while the block ran";
+      EXPECT_GT(stream->pendingCommitPoint(), committed);
+      stream->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
       EXPECT_EQ(glue::words(out)[0], 7);
     }
   }).join();
