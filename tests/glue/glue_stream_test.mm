@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -354,8 +355,9 @@ TEST_F(GlueTest, ExtensionAsyncBlockEncodesAndCommitsOnTheQueuesStream) {
       sim::BufferPtr simulated = sim::metal::bufferOf(out);
       const uint64_t committed = stream->pendingCommitPoint();
       dispatch_queue_t queue = (__bridge dispatch_queue_t)hooks.getDispatchQueue();
-      std::promise<int> done;
-      std::promise<int>* finished = &done;
+      // Shared with the block, which may still be returning from set_value()
+      // when this thread has its value.
+      auto done = std::make_shared<std::promise<int>>();
       dispatch_async(queue, ^() {
         @autoreleasepool {
           id<MTLCommandBuffer> buffer = (__bridge id<MTLCommandBuffer>)hooks.getCommandBuffer();
@@ -367,9 +369,9 @@ TEST_F(GlueTest, ExtensionAsyncBlockEncodesAndCommitsOnTheQueuesStream) {
           [encoder endEncoding];
           hooks.commitStream();
         }
-        finished->set_value(at::mps::getMPSStreamPool().slots().leasedSlots());
+        done->set_value(at::mps::getMPSStreamPool().slots().leasedSlots());
       });
-      EXPECT_EQ(done.get_future().get(), 1) << "leased streams while the block ran";
+      EXPECT_EQ(done->get_future().get(), 1) << "leased streams while the block ran";
       EXPECT_GT(stream->pendingCommitPoint(), committed);
       stream->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
       EXPECT_EQ(glue::words(out)[0], 7);
