@@ -265,6 +265,27 @@ class TestMPSCrossThread(_DeviceTestCase):
         for pairs in outs:
             self.assertEqual([tree_map(torch.Tensor.cpu, p) for p in pairs], [want] * 5, atol=1e-4, rtol=1e-4)
 
+    def test_backward_on_threads_sharing_weights(self):
+        # Threads train one model at once. The autograd engine runs each MPS backward node on a thread of its own,
+        # on the stream of the node's forward: each input's gradient is its thread's, the weights' sum them all.
+        model = MODELS["mlp"][0]()
+        dev_model = copy.deepcopy(model).to(self.device)
+        xs = [torch.randn(8, 64) for _ in range(8)]
+
+        def train(i):
+            x = xs[i].to(self.device, copy=True).requires_grad_()
+            dev_model(x).square().sum().backward()
+            return x.grad
+
+        grads = _Threads(train, len(xs)).join()
+        want = []
+        for x in xs:
+            x = x.clone().requires_grad_()
+            model(x).square().sum().backward()
+            want.append(x.grad)
+        self.assertEqual([g.cpu() for g in grads], want, atol=1e-4, rtol=1e-4)
+        self.assertEqual([p.grad.cpu() for p in dev_model.parameters()], [p.grad for p in model.parameters()],
+                         atol=1e-3, rtol=1e-4)
 
 class TestMPSThreadChurn(_DeviceTestCase):
     def test_many_short_lived_threads(self):

@@ -4,6 +4,8 @@
 
 #include "SimMetalRuntime.h"
 
+#include <ATen/detail/MPSHooksInterface.h>
+
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
 #include <gtest/gtest.h>
@@ -75,6 +77,7 @@ int main(int argc, char** argv) {
     [NSNotificationCenter defaultCenter];
     [NSError errorWithDomain:@"" code:0 userInfo:[NSDictionary dictionaryWithObject:@"" forKey:@""]];
   }
+  at::detail::getMPSHooks();
   std::thread([] {
     @autoreleasepool {
       [NSThread currentThread];

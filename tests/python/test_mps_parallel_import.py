@@ -75,7 +75,7 @@ def test_thread_tests_pass_on_cpu(suite):
         on_cpu = type("Cpu" + cls.__name__, (cls,), {"device": "cpu", "iters": 2, "busy_size": 64})
         tests.addTests(unittest.defaultTestLoader.loadTestsFromTestCase(on_cpu))
     result = run(tests)
-    assert result.testsRun == 13 and not result.skipped
+    assert result.testsRun == 14 and not result.skipped
 
 
 def test_child_scenarios_run_on_cpu(suite, tmp_path):
