@@ -93,27 +93,30 @@ void resetSeen() {
   g_on_forward_thread = 0;
 }
 
-// Threads train at once, each its own leaf through two Doubling nodes, with
-// no synchronization between forward and backward: every backward node runs
-// on the engine's thread on its forward's stream, and each .grad (4 dy)
-// reads right after a synchronize of the thread's stream, which is where the
+// The main thread (on the default stream) and then four threads at once
+// train, each its own leaf through two Doubling nodes, with no
+// synchronization between forward and backward: every backward node runs on
+// the engine's thread on its forward's stream, and each .grad (4 dy) reads
+// right after a synchronize of the thread's stream, which is where the
 // engine leaves it. Once the threads exit, one worker stream stays leased:
 // the engine's thread leases it when its first guard asks for its current
 // stream, and keeps it, unused, for as long as the thread lives.
 TEST_F(GlueTest, BackwardNodesRunOnTheirForwardsStreamOnTheEnginesThread) {
   constexpr int kThreads = 4, kRounds = 5;
   resetSeen();
+  auto train = [](int i) {
+    at::Tensor x = glue::toMPS(at::arange(i, i + 16, at::kFloat)).requires_grad_(true);
+    at::Tensor y = Doubling::apply(Doubling::apply(x));
+    y.backward(glue::toMPS(at::ones({16}, at::kFloat)));
+    at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+    glue::expectClose(glue::toCPU(x.grad()), at::full({16}, 4.0f), "x.grad");
+  };
   for (int round = 0; round < kRounds; ++round) {
-    glue::onThreads(kThreads, [](int i) {
-      at::Tensor x = glue::toMPS(at::arange(i, i + 16, at::kFloat)).requires_grad_(true);
-      at::Tensor y = Doubling::apply(Doubling::apply(x));
-      y.backward(glue::toMPS(at::ones({16}, at::kFloat)));
-      at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
-      glue::expectClose(glue::toCPU(x.grad()), at::full({16}, 4.0f), "x.grad");
-    });
+    train(kThreads);
+    glue::onThreads(kThreads, train);
     EXPECT_EQ(at::mps::getMPSStreamPool().slots().leasedSlots(), 1) << "round " << round;
   }
-  EXPECT_EQ(g_backwards.load(), 2 * kThreads * kRounds);
+  EXPECT_EQ(g_backwards.load(), 2 * (kThreads + 1) * kRounds);
   EXPECT_EQ(g_off_forward_stream.load(), 0);
   EXPECT_EQ(g_on_forward_thread.load(), 0);
 }
