@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace {
@@ -148,6 +149,43 @@ TEST_F(GlueTest, ThreadsSharingALeafAccumulateEveryGradient) {
   glue::expectClose(glue::toCPU(w.grad()), at::full({32}, 2.0f * kThreads * kPasses), "w.grad");
   EXPECT_EQ(g_backwards.load(), kThreads * kPasses);
   EXPECT_EQ(g_off_forward_stream.load(), 0);
+}
+
+// 31 threads hold every worker stream, with MPS_STREAM_POOL_WAIT_TIMEOUT_MS
+// set, and then each runs a backward pass. The engine's thread has no stream
+// of its own, and its first guard's query must not wait for one (Note [MPS
+// stream queries]): when it did, it waited out the timeout and failed a
+// backward pass while the threads holding every stream waited for theirs,
+// and with -1 it waited forever. A 32nd thread's first op still raises the
+// timeout's error, so the variable is in effect, and the engine's thread
+// ends up holding no lease.
+TEST_F(GlueTest, BackwardOnAnExhaustedPoolDoesNotWaitForAStream) {
+  setenv("MPS_STREAM_POOL_WAIT_TIMEOUT_MS", "200", 1);
+  constexpr int kThreads = at::mps::kWorkerStreams;
+  std::atomic<int> leased{0}, trained{0};
+  std::atomic<bool> checked{false};
+  glue::onThreads(kThreads + 1, [&](int i) {
+    if (i == kThreads) {
+      ASSERT_TRUE(glue::eventually([&] { return trained.load() == kThreads; }));
+      try {
+        at::mps::getCurrentMPSStream();
+        ADD_FAILURE() << "a 32nd thread got a stream";
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("MPS_STREAM_POOL_WAIT_TIMEOUT_MS=200 ms"), std::string::npos) << e.what();
+      }
+      checked = true;
+      return;
+    }
+    at::Tensor x = glue::toMPS(at::arange(i, i + 16, at::kFloat)).requires_grad_(true);
+    ++leased;
+    ASSERT_TRUE(glue::eventually([&] { return leased.load() == kThreads; }));
+    Doubling::apply(x).backward(glue::toMPS(at::ones({16}, at::kFloat)));
+    at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
+    glue::expectClose(glue::toCPU(x.grad()), at::full({16}, 2.0f), "x.grad");
+    ++trained;
+    ASSERT_TRUE(glue::eventually([&] { return checked.load(); }));
+  });
+  EXPECT_EQ(at::mps::getMPSStreamPool().slots().leasedSlots(), 0);
 }
 
 } // namespace

@@ -3,7 +3,8 @@
 # lifecycle of MPSStreamPool.cpp under the rule of commit 8711536: each
 # binding keeps the slots its exchanges displaced, an exchange back to the
 # last one pops it, and releaseCurrentThreadSlot() raises while any is
-# open) with SPIN, exhaustively, in a temporary directory, at 2 worker slots
+# open; an exchange's query of the current slot never waits or throws,
+# Note [MPS stream queries]) with SPIN, exhaustively, in a temporary directory, at 2 worker slots
 # and 4 threads:
 #   safety:   assertions, the invariants and invalid end states (deadlock),
 #             in one run over every exhaustion policy (init picks it), with
@@ -14,7 +15,8 @@
 #   liveness: ltl live (every waiter is served or times out) under weak
 #             fairness, in one run over the policies that wait (-1 and
 #             N > 0), without fork() (the child shares nothing with parent
-#             waiters) and with thread 0 making 2 calls.
+#             waiters) and with thread 0 making 3 calls (so that its op
+#             after a guard's query on an exhausted pool waits too).
 # 3 worker slots are not checked: with 4 threads they allow only one waiter
 # at a time, a case 2 slots cover next to two waiters, and the model keeps
 # the free list as a set, so a third slot only renames slots.
@@ -22,9 +24,11 @@
 # does not finish.
 #   --old-bugs  puts back, one at a time, ~ThreadBindings without the
 #               fork-generation test (-DOLD_CHILD_EXIT), the release without
-#               its check (-DOLD_RELEASE_IN_GUARD) and the rule before
-#               8711536, with Binding::released (-DOLD_RELEASED_RULE);
-#               succeeds only if SPIN reports the error each causes
+#               its check (-DOLD_RELEASE_IN_GUARD), the rule before
+#               8711536, with Binding::released (-DOLD_RELEASED_RULE), and
+#               queries that apply the exhaustion policy
+#               (-DOLD_QUERY_LEASES); succeeds only if SPIN reports the
+#               error each causes
 #   --gaps      what the current rule cannot tell apart (see the model's
 #               header): exchanges that pop across a scope's boundary
 #               (-DUNDO_ACROSS_GUARD) and releases refused outside every
@@ -32,7 +36,7 @@
 #   -DNAME[=V]  a further switch of the model (not NS, POLICY, POLICY_FROM,
 #               OPS0, OPS1, DMAX, SPURIOUS or NOFORK, which the checks set),
 #               passed to every run
-# Needs spin and gcc; about 30 s of CPU (--old-bugs 8 s, --gaps 5 s).
+# Needs spin and gcc; about 50 s of CPU (--old-bugs 8 s, --gaps 5 s).
 set -euo pipefail
 
 model="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/stream_lease.pml"
@@ -99,6 +103,8 @@ if [[ "$mode" == old ]]; then
     "-DNS=2 -DOLD_RELEASE_IN_GUARD" "${safety[@]}"
   check "OLD_RELEASED_RULE" 'guardMissesTarget|leaseInRestore|badBinding' \
     "-DNS=2 -DOLD_RELEASED_RULE" "${safety[@]}"
+  check "OLD_QUERY_LEASES" 'queryBlocks' "-DNS=2 -DOLD_QUERY_LEASES" \
+    "${safety[@]}"
   exit "$failed"
 fi
 if [[ "$mode" == gaps ]]; then
@@ -112,5 +118,5 @@ check "safety NS=2 policy=any" ok "-DNS=2" "${safety[@]}"
 check "safety NS=2 policy=any, thread 0 4 calls, thread 1 none" ok \
   "-DNS=2 -DOPS0=4 -DOPS1=0 -DDMAX=7" "${safety[@]}"
 check "liveness NS=2 policy=wait|timeout" ok \
-  "-DNS=2 -DPOLICY_FROM=2 -DOPS0=2 -DSPURIOUS=0 -DNOFORK" "${liveness[@]}"
+  "-DNS=2 -DPOLICY_FROM=2 -DOPS0=3 -DSPURIOUS=0 -DNOFORK" "${liveness[@]}"
 exit "$failed"

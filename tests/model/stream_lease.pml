@@ -33,8 +33,13 @@
  * - currentIndexSlow() on an unbound thread calls acquireWorkerSlot() and
  *   binds the result: a lease, or under kShare with no free slot a shared
  *   round-robin slot (leased stays -1).
- * - exchangeCurrentIndex(index): previous = currentIndex() (an unbound
- *   thread leases here, as on any first use); then if displaced is
+ * - exchangeCurrentIndex(index): previous = currentIndex(query = true)
+ *   (Note [MPS stream queries]): an unbound thread takes a free slot as a
+ *   lease, or else a shared round-robin slot, provisional when the policy
+ *   is not kShare, whatever the policy says; an op (currentStream()) on a
+ *   provisional binding with no displacement open binds again with the
+ *   policy, and neither the query nor an exchange leaving no displacement
+ *   puts a provisional slot in the cache. Then if displaced is
  *   non-empty and displaced.back() == index it pops (the exchange undoes
  *   the last unmatched one), else it pushes previous; current = index, the
  *   cache follows; returns previous. Only thread 0 exchanges, so only it
@@ -98,9 +103,13 @@
  *   badBinding  with no displacement open a lease holder's current slot is
  *               its lease; with one open the thread is bound (current >= 0)
  *   badForeign  with no displacement open a thread is bound to no worker
- *               slot it does not lease, except the one kShare handed it
+ *               slot it does not lease, except the one kShare (or a query)
+ *               handed it
+ *   badProvisional  a provisional binding holds no lease, and with no
+ *               displacement open the cache does not hold it
  * Asserts in the threads: what currentStream() returns; that an exchange
- * makes its target current (guardMissesTarget); that a guard's destructor
+ * makes its target current (guardMissesTarget); that an exchange's query
+ * neither waits nor throws (queryBlocks); that a guard's destructor
  * never enters acquireWorkerSlot (leaseInRestore: a destructor can neither
  * lease, nor block, nor throw); that the stack stays within DMAX
  * (deepStack); that the fork child runs no release hook (hookInChild) and
@@ -157,6 +166,10 @@
  *                     slot just released leaves the thread unbound instead
  *                     of on its target (guardMissesTarget): use, release,
  *                     set_stream(that slot)
+ *   OLD_QUERY_LEASES  an exchange's query binds with the policy, as an op
+ *                     does: a guard's constructor on an unbound thread
+ *                     throws or waits when the pool is exhausted
+ *                     (queryBlocks)
  */
 
 #ifndef NS
@@ -219,14 +232,16 @@ short released[NT] = -1; /* the old Binding::released, -1 none */
 #endif
 short cache[NT] = -1; /* tls_slot_cache.current; a single pool, so the
                          pool_id compare is folded in: >= 0 means a hit */
+bool prov[NT];        /* tls_bindings: Binding::provisional */
 
 /* ---- ghost state, for the properties --------------------------------- */
 short shared[NT] = -1;/* the slot kShare bound this thread to, -1 none */
 bool waiting[NT];     /* blocked in acquireWorkerSlot (slot_freed_.wait*) */
 byte inner = INNER;   /* set_stream() calls inside scopes left */
 /* set only in the step that fails, to name what broke */
-bool badSlots, badCount, badCache, badBinding, badForeign;
+bool badSlots, badCount, badCache, badBinding, badForeign, badProvisional;
 bool leaseInRestore, guardMissesTarget, deepStack, hookInChild, childBlocks;
+bool queryBlocks;
 bool spuriousRefusal;
 
 /* thread t has an open displacement (only thread 0 exchanges) */
@@ -269,14 +284,21 @@ bool spuriousRefusal;
 #define BINDS_OK (BIND_OK(0) && BIND_OK(1) && BIND_OK(2) && BIND_OK(3))
 #define FOREIGNS_OK (FOREIGN_OK(0) && FOREIGN_OK(1) && FOREIGN_OK(2) && \
                      FOREIGN_OK(3))
-#define INV (SLOTS_OK && COUNT_OK && CACHES_OK && BINDS_OK && FOREIGNS_OK)
+/* a provisional binding holds no lease, and with no displacement open the
+   cache does not hold it, so the thread's next op settles it */
+#define PROV_OK(t) (!prov[t] || (leased[t] < 0 && cur[t] >= 1 && \
+                                 (DISPLACED(t) || cache[t] < 0)))
+#define PROVS_OK (PROV_OK(0) && PROV_OK(1) && PROV_OK(2) && PROV_OK(3))
+#define INV (SLOTS_OK && COUNT_OK && CACHES_OK && BINDS_OK && FOREIGNS_OK && \
+             PROVS_OK)
 
 /* asserts INV, naming the part that fails */
 inline check_inv() {
   badSlots = !SLOTS_OK; badCount = !COUNT_OK; badCache = !CACHES_OK;
   badBinding = !BINDS_OK; badForeign = !FOREIGNS_OK;
+  badProvisional = !PROVS_OK;
   assert(!badSlots); assert(!badCount); assert(!badCache);
-  assert(!badBinding); assert(!badForeign)
+  assert(!badBinding); assert(!badForeign); assert(!badProvisional)
 }
 
 /* releaseCurrentThreadSlot's TORCH_CHECK fails (a thread holding a lease):
@@ -354,7 +376,7 @@ inline check_inv() {
   do :: isfree[out] -> break :: else -> out++ od; \
   isfree[out] = false; nfree--; \
   assert(OWN(out) == 0); leased[me] = out; cur[me] = out; cache[me] = out; \
-  SET_RELEASED(-1); shared[me] = -1
+  SET_RELEASED(-1); shared[me] = -1; prov[me] = false
 
 /* CondVar::notifyOne -> condition_variable_any::notify_one (used within
    an atomic step) */
@@ -369,24 +391,54 @@ inline notify_one() {
   fi
 }
 
-/* StreamSlotPool::currentIndex: out = index, or threw = true (the exception
-   propagates, binding and cache unchanged); `may` is a further guard on
-   every branch; the caller's next step, after_index(kind), runs in the same
-   step as the one that returns (see Granularity). The slow path that leases
-   is split by whether acquireWorkerSlot waits. */
-#define SLOW_LEASE (cache[me] < 0 && cur[me] < 0 && mu == 0)
+/* StreamSlotPool::currentIndex(query): out = index, or threw = true (the
+   exception propagates, binding and cache unchanged); `may` is a further
+   guard on every branch; the caller's next step, after_index(kind), runs in
+   the same step as the one that returns (see Granularity). An op
+   (currentStream(), kind K_USE) binds with the policy: the slow path that
+   leases is split by whether acquireWorkerSlot waits. An exchange's
+   previous is a query (Note [MPS stream queries]): acquireWorkerSlot with
+   kShare's config, marked provisional when the policy is not kShare and it
+   got no lease; an op with no displacement open settles such a binding
+   with the policy. -DOLD_QUERY_LEASES: queries bind with the policy too,
+   the rule before Note [MPS stream queries]. */
+#ifdef OLD_QUERY_LEASES
+#define WITH_POLICY(kind) true
+#else
+#define WITH_POLICY(kind) (kind == K_USE)
+#endif
+#define SETTLE (prov[me] && !DISPLACED(me))
+#define SLOW_LEASE (cache[me] < 0 && (cur[me] < 0 || SETTLE) && mu == 0)
 #define MUST_WAIT (nfree == 0 && (POL == WAIT || POL == WAITTO))
 inline current_index(out, may, kind) {
   if
   :: atomic { may && cache[me] >= 0 -> out = cache[me]; threw = false;
        after_index(kind, out) }
      /* currentIndex: fast path, cached.pool_id == id_ && current >= 0 */
-  :: atomic { may && cache[me] < 0 && cur[me] >= 0 ->
-       cache[me] = cur[me]; out = cur[me]; threw = false;
+  :: atomic { may && cache[me] < 0 && cur[me] >= 0 &&
+              !(WITH_POLICY(kind) && SETTLE) ->
+       if :: !SETTLE -> cache[me] = cur[me] :: else -> skip fi;
+       out = cur[me]; threw = false;
        after_index(kind, out) }
      /* currentIndexSlow: checkNotForked() passes in the parent; b.current
-        >= 0: tls_slot_cache = {id_, b.current}; return b.current */
-  :: atomic { may && SLOW_LEASE && !MUST_WAIT ->
+        >= 0, nothing to settle: if (!b.provisional || displaced) then
+        tls_slot_cache = {id_, b.current}; return b.current */
+  :: atomic { may && !WITH_POLICY(kind) && cache[me] < 0 && cur[me] < 0 &&
+              mu == 0 ->
+       /* currentIndexSlow(true): acquireWorkerSlot(ExhaustionConfig{}):
+          a free slot, or else {nextPoolIndex(), leased = false} */
+       mu = me + 1; threw = false;
+       if
+       :: nfree > 0 -> POP_LOWEST_AND_BIND(out)
+       :: else ->
+         out = rr + 1; rr = (rr + 1) % NS; cur[me] = out; shared[me] = out;
+         SET_RELEASED(-1); prov[me] = (POL != SHARE);
+         if :: prov[me] -> skip :: else -> cache[me] = out fi
+       fi;
+       assert(mu == me + 1); mu = 0;
+       after_index(kind, out)
+     }
+  :: atomic { may && WITH_POLICY(kind) && SLOW_LEASE && !MUST_WAIT ->
        /* currentIndexSlow: b.current < 0, not the main thread ->
           acquireWorkerSlot: MutexLock lock(mu_); if (!has_free()) */
        mu = me + 1; threw = false;
@@ -399,14 +451,16 @@ inline current_index(out, may, kind) {
               nextPoolIndex: round_robin_.fetch_add(1); b.current = index,
               b.leased = -1, tls_slot_cache = {id_, index} */
            out = rr + 1; rr = (rr + 1) % NS; cur[me] = out; cache[me] = out;
-           SET_RELEASED(-1); shared[me] = out
+           SET_RELEASED(-1); shared[me] = out; prov[me] = false
          :: POL == THROW -> threw = true /* case kThrow: TORCH_CHECK */
          fi
        fi;
        assert(mu == me + 1); mu = 0; /* ~MutexLock, on the throw path too */
        after_index(kind, out)
      }
-  :: atomic { may && SLOW_LEASE && MUST_WAIT -> threw = false;
+  :: atomic { may && WITH_POLICY(kind) && SLOW_LEASE && MUST_WAIT ->
+       threw = false;
+       queryBlocks = (kind != K_USE); assert(!queryBlocks);
        /* MutexLock lock(mu_); !has_free():
           case kWait:        slot_freed_.wait(mu_, has_free)
           case kWaitTimeout: slot_freed_.waitFor(mu_, timeout, has_free):
@@ -499,7 +553,8 @@ inline exchange_set(index, previous, restore) {
   :: else -> cur[me] = index; cache[me] = index
   fi;
 #else
-  cur[me] = index; cache[me] = index;
+  cur[me] = index;
+  if :: prov[me] && dn == 0 -> cache[me] = -1 :: else -> cache[me] = index fi;
 #endif
   /* the caller (set_stream, a scope's constructor) works on index from
      here; a restore is judged by the invariants instead (the old rule
@@ -574,6 +629,7 @@ inline after_index(kind, out) {
      out = 0; threw = false
   :: kind != K_USE && threw -> /* the exchange throws: no change, and for
        a guard's constructor, no scope (the caller sees threw) */
+     queryBlocks = true; assert(!queryBlocks);
      out = 0; if :: kind != K_GUARD -> threw = false :: else -> skip fi
   :: kind != K_USE && !threw ->
      /* set_stream(target): exchangeCurrentIndex(target), or CurrentStreamGuard
@@ -591,6 +647,7 @@ inline after_index(kind, out) {
 /* the thread's binding goes (thread exit): thread 0's stack too */
 inline drop_binding() {
   cur[me] = -1; cache[me] = -1; SET_RELEASED(-1); shared[me] = -1;
+  prov[me] = false;
   if
   :: me == 0 -> do :: dn > 0 -> dn--; disp[dn] = 0 :: else -> break od
   :: else -> skip

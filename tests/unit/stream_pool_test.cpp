@@ -320,6 +320,64 @@ TEST(StreamPoolTest, TimeoutModeSucceedsWhenReleasedInTime) {
   EXPECT_GE(got.load(), 1);
 }
 
+// A guard on a thread without a stream, with every worker slot leased:
+// its query of the current slot and its exchanges neither wait nor throw,
+// whatever the policy (Note [MPS stream queries]), and ops inside run on the
+// exchanged-in slot. The thread's first op after the guard applies the
+// policy: kThrow raises, kWait takes the next released slot as a lease.
+TEST(StreamPoolTest, AGuardOnAnExhaustedPoolNeitherWaitsNorThrows) {
+  for (const ExhaustionPolicy policy :
+       {ExhaustionPolicy::kThrow, ExhaustionPolicy::kWait}) {
+    PoolUnderTest t(options({policy, {}}));
+    auto holders = std::make_unique<LeaseHolders>(*t.pool, kWorkerStreams);
+    std::thread releaser;
+    onThread([&] {
+      const StreamIndex saved = t.pool->slots().currentIndex(/*query=*/true);
+      EXPECT_GE(saved, 1);
+      EXPECT_EQ(t.pool->exchangeCurrentIndex(5), saved);
+      EXPECT_EQ(t.pool->currentIndex(), 5);
+      EXPECT_EQ(t.pool->exchangeCurrentIndex(saved), 5);
+      EXPECT_EQ(t.pool->slots().currentIndex(/*query=*/true), saved);
+      EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
+      EXPECT_EQ(t.pool->slots().leasedSlots(), kWorkerStreams);
+      if (policy == ExhaustionPolicy::kThrow) {
+        EXPECT_TORCH_ERROR(
+            t.pool->currentIndex(), "MPS_STREAM_POOL_WAIT_TIMEOUT_MS=0");
+      } else {
+        releaser = std::thread([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          holders->release();
+        });
+        EXPECT_GE(t.pool->currentIndex(), 1);
+        EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
+      }
+      return 0;
+    });
+    if (releaser.joinable()) {
+      releaser.join();
+    }
+  }
+}
+
+// With a free slot a query leases it, as a first op would, and with none
+// under kShare it shares one: either way the thread's ops stay on it.
+TEST(StreamPoolTest, AQueryBindsTheSlotTheThreadsOpsThenUse) {
+  PoolUnderTest t(options({ExhaustionPolicy::kShare, {}}));
+  onThread([&] {
+    const StreamIndex queried = t.pool->slots().currentIndex(/*query=*/true);
+    EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
+    EXPECT_EQ(t.pool->currentIndex(), queried);
+    return 0;
+  });
+  LeaseHolders holders(*t.pool, kWorkerStreams);
+  onThread([&] {
+    const StreamIndex queried = t.pool->slots().currentIndex(/*query=*/true);
+    EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
+    EXPECT_EQ(t.pool->currentIndex(), queried);
+    return 0;
+  });
+}
+
 // ------------------------------------------------------------ env parsing
 
 TEST(ExhaustionConfigTest, ParsesEveryAcceptedForm) {

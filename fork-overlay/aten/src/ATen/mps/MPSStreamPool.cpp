@@ -110,6 +110,10 @@ struct ThreadBindings {
     uint64_t pool_id;
     StreamIndex current; // -1: not chosen yet
     StreamIndex leased; // -1: holds no lease
+    // current is a shared slot that a query took on an exhausted pool; the
+    // next op outside any exchange applies the policy (Note [MPS stream
+    // queries]). The cache never holds such a slot.
+    bool provisional;
     uint64_t fork_generation; // the pool's
     // The slots that exchanges replaced and have not been exchanged back
     // yet, innermost last; see exchangeCurrentIndex().
@@ -123,7 +127,8 @@ struct ThreadBindings {
         return b;
       }
     }
-    bindings.push_back(Binding{pool.id_, -1, -1, pool.fork_generation_, {}});
+    bindings.push_back(
+        Binding{pool.id_, -1, -1, false, pool.fork_generation_, {}});
     return bindings.back();
   }
 
@@ -194,28 +199,50 @@ void StreamSlotPool::failForked() {
       "'forkserver' multiprocessing start method.");
 }
 
-StreamIndex StreamSlotPool::currentIndexSlow() {
+// Note [MPS stream queries]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A stream guard asks for the thread's current stream before exchanging it
+// (c10's InlineStreamGuard calls getStream, then exchangeStream), and so
+// does torch.mps.stream(). On a thread that has no stream yet that query
+// binds one, though the thread may never encode on it: libtorch's autograd
+// engine runs every MPS backward node on its own thread, under a guard for
+// the stream of the node's forward. If the query applied the exhaustion
+// policy, that thread would wait for, or fail to get, a stream it does not
+// need while the threads holding every worker stream wait for their
+// backward passes. So a query (currentIndex(true): getStream, and the
+// saved slot of an exchange) takes a free slot, or else shares one without
+// a lease, marked provisional and kept out of the cache. The thread's next
+// op outside any exchange then applies the policy, as on a first use, and
+// may move the thread to a leased slot; ops inside an exchange run on the
+// exchanged-in slot.
+StreamIndex StreamSlotPool::currentIndexSlow(bool query) {
   checkNotForked();
   ThreadBindings::Binding& b = tls_bindings.find(*this);
-  if (b.current < 0) {
+  const bool settle = b.provisional && !query && b.displaced.empty();
+  if (b.current < 0 || settle) {
     if (options_.is_main_thread()) {
       b.current = kDefaultStreamIndex;
     } else {
-      const Acquired got = acquireWorkerSlot();
+      const Acquired got =
+          acquireWorkerSlot(query ? ExhaustionConfig{} : options_.exhaustion);
       b.current = got.index;
       b.leased = got.leased ? got.index : -1;
+      b.provisional = query && !got.leased &&
+          options_.exhaustion.policy != ExhaustionPolicy::kShare;
     }
   }
-  tls_slot_cache = {id_, b.current, nullptr};
+  if (!b.provisional || !b.displaced.empty()) {
+    tls_slot_cache = {id_, b.current, nullptr};
+  }
   return b.current;
 }
 
-StreamSlotPool::Acquired StreamSlotPool::acquireWorkerSlot() {
+StreamSlotPool::Acquired StreamSlotPool::acquireWorkerSlot(
+    const ExhaustionConfig& cfg) {
   MutexLock lock(mu_);
   const auto has_free = [this]()
                             MPS_REQUIRES(mu_) { return !free_slots_.empty(); };
   if (!has_free()) {
-    const ExhaustionConfig& cfg = options_.exhaustion;
     switch (cfg.policy) {
       case ExhaustionPolicy::kShare:
         return {nextPoolIndex(), /*leased=*/false};
@@ -282,7 +309,7 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
 StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   checkNotForked();
   checkStreamIndex(index);
-  const StreamIndex previous = currentIndex(); // a first use leases
+  const StreamIndex previous = currentIndex(/*query=*/true);
   ThreadBindings::Binding& b = tls_bindings.find(*this);
   if (!b.displaced.empty() && b.displaced.back() == index) {
     b.displaced.pop_back();
@@ -290,7 +317,9 @@ StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
     b.displaced.push_back(previous);
   }
   b.current = index;
-  tls_slot_cache = {id_, index, nullptr};
+  tls_slot_cache = b.provisional && b.displaced.empty()
+      ? detail::SlotCache{0, -1, nullptr}
+      : detail::SlotCache{id_, index, nullptr};
   return previous;
 }
 

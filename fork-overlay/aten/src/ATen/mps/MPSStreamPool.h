@@ -119,14 +119,15 @@ class TORCH_API StreamSlotPool {
   explicit StreamSlotPool(StreamPoolOptions options);
   ~StreamSlotPool();
 
-  // The calling thread's current slot; the first call on a non-main thread
-  // leases a worker slot (or applies the exhaustion policy).
-  StreamIndex currentIndex() {
+  // The calling thread's current slot. An op's first call on a non-main
+  // thread leases a worker slot or applies the exhaustion policy; a stream
+  // query's (`query`) never waits or throws: Note [MPS stream queries].
+  StreamIndex currentIndex(bool query = false) {
     const detail::SlotCache cached = detail::tls_slot_cache;
     if (C10_LIKELY(cached.pool_id == id_ && cached.current >= 0)) {
       return cached.current;
     }
-    return currentIndexSlow();
+    return currentIndexSlow(query);
   }
 
   // Makes `index` current for the calling thread; returns the previous one.
@@ -173,8 +174,8 @@ class TORCH_API StreamSlotPool {
   [[noreturn]] static void failForked();
   friend struct ThreadBindings;
 
-  StreamIndex currentIndexSlow();
-  Acquired acquireWorkerSlot() MPS_EXCLUDES(mu_);
+  StreamIndex currentIndexSlow(bool query);
+  Acquired acquireWorkerSlot(const ExhaustionConfig& cfg) MPS_EXCLUDES(mu_);
   void returnSlot(StreamIndex index) MPS_EXCLUDES(mu_);
 
   const uint64_t id_;
