@@ -145,28 +145,49 @@ class ExhaustionStressTest : public PoolStressTest {
     int ok = 0;
     int errors = 0;
     std::string first_error;
+    int guard_errors = 0; // guard_first: guards that threw
+    int ok_without_lease = 0; // successes that ran on a shared stream
   };
 
   // Every thread takes a stream, encodes and waits, holds it for `hold`,
-  // then exits (returning any lease).
-  Outcome run(std::chrono::milliseconds hold, int rounds = 3) {
+  // then exits (returning any lease). With `guard_first`, its first call is
+  // a guard onto a worker stream with one kernel there, as the autograd
+  // engine's thread makes: the guard's saved stream is a query.
+  Outcome run(
+      std::chrono::milliseconds hold,
+      int rounds = 3,
+      bool guard_first = false) {
     Outcome out;
     std::mutex mu;
     harness::Latch start(kThreads);
     std::vector<std::thread> threads;
     auto buf = device().newBuffer(1);
     for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back([&] {
+      threads.emplace_back([&, t] {
         start.arriveAndWait();
+        if (guard_first) {
+          try {
+            sim::CurrentStreamGuard<sim::SimStreamPool> g(
+                *pool_, static_cast<StreamIndex>(1 + t % kWorkerStreams));
+            pool_->currentStream().encodeKernel(
+                {{{buf, sim::Access::kRead}}, nullptr},
+                SyncType::COMMIT_AND_WAIT);
+          } catch (const c10::Error&) {
+            std::lock_guard<std::mutex> lock(mu);
+            out.guard_errors++;
+          }
+        }
         try {
           for (int r = 0; r < rounds; ++r) {
             pool_->currentStream().encodeKernel(
                 {{{buf, sim::Access::kRead}}, nullptr},
                 SyncType::COMMIT_AND_WAIT);
           }
+          const bool leased = pool_->slots().currentThreadHoldsLease();
           std::this_thread::sleep_for(hold);
           std::lock_guard<std::mutex> lock(mu);
           out.ok++;
+          out.ok_without_lease += leased ? 0 : 1;
         } catch (const c10::Error& e) {
           std::lock_guard<std::mutex> lock(mu);
           if (out.errors++ == 0) {
@@ -204,6 +225,27 @@ TEST_F(ExhaustionStressTest, WaitModeServesEveryThreadEventually) {
   makePool({ExhaustionPolicy::kWait, {}});
   const Outcome o = run(std::chrono::milliseconds(5));
   EXPECT_EQ(o.ok, kThreads);
+}
+
+// Guards before a thread's first op, on a pool that runs out: no guard
+// waits or throws (Note [MPS stream queries]), and the ops after them still
+// apply the policy: under kThrow exactly the threads beyond the pool fail,
+// under kWait every thread is served, each on a lease of its own.
+TEST_F(
+    ExhaustionStressTest,
+    GuardsBeforeTheFirstOpNeverFailAndOpsKeepThePolicy) {
+  makePool({ExhaustionPolicy::kThrow, {}});
+  Outcome o = run(std::chrono::milliseconds(300), 1, /*guard_first=*/true);
+  EXPECT_EQ(o.guard_errors, 0);
+  EXPECT_GE(o.ok, kWorkerStreams);
+  EXPECT_GT(o.errors, 0);
+  EXPECT_EQ(o.ok + o.errors, kThreads);
+  EXPECT_EQ(o.ok_without_lease, 0);
+  makePool({ExhaustionPolicy::kWait, {}});
+  o = run(std::chrono::milliseconds(5), 3, /*guard_first=*/true);
+  EXPECT_EQ(o.guard_errors, 0);
+  EXPECT_EQ(o.ok, kThreads);
+  EXPECT_EQ(o.ok_without_lease, 0);
 }
 
 TEST_F(ExhaustionStressTest, TimeoutModeWaitsOrFailsWithTheTimeoutError) {
