@@ -68,7 +68,8 @@ at::Tensor asStridedMPS(const at::Tensor& self,
 }
 
 // fill_, zero_, add_, linalg_vector_norm and mul.out, which ops call
-// around their kernels: a kernel on the current stream that records every
+// around their kernels (and add_ of a tensor, which autograd's
+// AccumulateGrad calls): a kernel on the current stream that records every
 // tensor's buffer as written and applies the CPU's op to views of them;
 // copy_ is the patched Copy.mm's.
 void encodeOnElements(const std::vector<at::Tensor>& tensors, std::function<void(std::vector<at::Tensor>)> op) {
@@ -108,6 +109,11 @@ at::Tensor& zeroMPS(at::Tensor& self) {
 
 at::Tensor& addScalarMPS(at::Tensor& self, const at::Scalar& other, const at::Scalar& alpha) {
   encodeOnElements({self}, [other, alpha](std::vector<at::Tensor> t) { t[0].add_(other, alpha); });
+  return self;
+}
+
+at::Tensor& addTensorMPS(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  encodeOnElements({self, other}, [alpha](std::vector<at::Tensor> t) { t[0].add_(t[1], alpha); });
   return self;
 }
 
@@ -162,6 +168,7 @@ TORCH_LIBRARY_IMPL(aten, MPS, m) {
   m.impl("fill_.Scalar", TORCH_FN(fillMPS));
   m.impl("zero_", TORCH_FN(zeroMPS));
   m.impl("add_.Scalar", TORCH_FN(addScalarMPS));
+  m.impl("add_.Tensor", TORCH_FN(addTensorMPS));
   m.impl("linalg_vector_norm", TORCH_FN(linalgVectorNormMPS));
   m.impl("mul.out", TORCH_FN(mulOutMPS));
   m.impl("copy_", TORCH_FN(copyMPS));

@@ -10,7 +10,6 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/library.h>
 
 #include <atomic>
 #include <chrono>
@@ -24,26 +23,6 @@ namespace {
 using glue::GlueTest;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// add_ of a gradient into a leaf's existing .grad, which the wheel's
-// AccumulateGrad calls: a kernel on the current stream, like fill_ and the
-// other ops GlueTest.mm registers.
-at::Tensor& addTensorMPS(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  sim::BufferPtr out = sim::metal::bufferOf(glue::bufferOf(self));
-  sim::BufferPtr in = sim::metal::bufferOf(glue::bufferOf(other));
-  const int64_t n = self.numel();
-  const float a = alpha.toFloat();
-  glue::encodeKernel({glue::bufferOf(self), glue::bufferOf(other)}, [out, in, n, a] {
-    for (int64_t i = 0; i < n; ++i) {
-      glue::elements<float>(out)[i] += a * glue::elements<float>(in)[i];
-    }
-  });
-  return self;
-}
-
-TORCH_LIBRARY_IMPL(aten, MPS, m) {
-  m.impl("add_.Tensor", TORCH_FN(addTensorMPS));
-}
 
 // What the backward nodes saw, over a test.
 std::atomic<int> g_backwards{0};
