@@ -287,6 +287,7 @@ class TestMPSCrossThread(_DeviceTestCase):
         self.assertEqual([p.grad.cpu() for p in dev_model.parameters()], [p.grad for p in model.parameters()],
                          atol=1e-3, rtol=1e-4)
 
+
 class TestMPSThreadChurn(_DeviceTestCase):
     def test_many_short_lived_threads(self):
         for wave in range(16):
