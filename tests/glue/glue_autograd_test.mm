@@ -132,12 +132,12 @@ TEST_F(GlueTest, ThreadsSharingALeafAccumulateEveryGradient) {
 
 // 31 threads hold every worker stream, with MPS_STREAM_POOL_WAIT_TIMEOUT_MS
 // set, and then each runs a backward pass. The engine's thread has no stream
-// of its own, and its first guard's query must not wait for one (Note [MPS
-// stream queries]): when it did, it waited out the timeout and failed a
-// backward pass while the threads holding every stream waited for theirs,
-// and with -1 it waited forever. A 32nd thread's first op still raises the
-// timeout's error, so the variable is in effect, and the engine's thread
-// ends up holding no lease.
+// of its own, and its first guard's query must not wait for one
+// (Note [MPS stream queries]): when it did, it waited out the timeout and
+// failed a backward pass while the threads holding every stream waited for
+// theirs, and with -1 it waited forever. A 32nd thread's first op still
+// raises the timeout's error, so the variable is in effect, and the engine's
+// thread ends up holding no lease.
 TEST_F(GlueTest, BackwardOnAnExhaustedPoolDoesNotWaitForAStream) {
   setenv("MPS_STREAM_POOL_WAIT_TIMEOUT_MS", "200", 1);
   constexpr int kThreads = at::mps::kWorkerStreams;

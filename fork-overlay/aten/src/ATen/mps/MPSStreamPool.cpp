@@ -111,8 +111,8 @@ struct ThreadBindings {
     StreamIndex current; // -1: not chosen yet
     StreamIndex leased; // -1: holds no lease
     // current is a shared slot that a query took on an exhausted pool; the
-    // next op outside any exchange applies the policy (Note [MPS stream
-    // queries]). The cache never holds such a slot.
+    // next op outside any exchange applies the policy. The cache never holds
+    // such a slot. See Note [MPS stream queries].
     bool provisional;
     uint64_t fork_generation; // the pool's
     // The slots that exchanges replaced and have not been exchanged back
