@@ -110,14 +110,19 @@ struct ThreadBindings {
     uint64_t pool_id;
     StreamIndex current; // -1: not chosen yet
     StreamIndex leased; // -1: holds no lease
-    // current is a shared slot that a query took on an exhausted pool; the
-    // next op outside any exchange applies the policy. The cache never holds
-    // such a slot. See Note [MPS stream queries].
+    // current is a shared slot that a query took on an exhausted pool; see
+    // Note [MPS stream queries].
     bool provisional;
     uint64_t fork_generation; // the pool's
     // The slots that exchanges replaced and have not been exchanged back
     // yet, innermost last; see exchangeCurrentIndex().
     std::vector<StreamIndex> displaced;
+
+    // current is that provisional slot (no exchange is open): the cache
+    // must not hold it, and the next op applies the exhaustion policy.
+    bool unsettled() const {
+      return provisional && displaced.empty();
+    }
   };
   std::vector<Binding> bindings;
 
@@ -218,8 +223,7 @@ void StreamSlotPool::failForked() {
 StreamIndex StreamSlotPool::currentIndexSlow(bool query) {
   checkNotForked();
   ThreadBindings::Binding& b = tls_bindings.find(*this);
-  const bool settle = b.provisional && !query && b.displaced.empty();
-  if (b.current < 0 || settle) {
+  if (b.current < 0 || (!query && b.unsettled())) {
     if (options_.is_main_thread()) {
       b.current = kDefaultStreamIndex;
     } else {
@@ -231,7 +235,7 @@ StreamIndex StreamSlotPool::currentIndexSlow(bool query) {
           options_.exhaustion.policy != ExhaustionPolicy::kShare;
     }
   }
-  if (!b.provisional || !b.displaced.empty()) {
+  if (!b.unsettled()) {
     tls_slot_cache = {id_, b.current, nullptr};
   }
   return b.current;
@@ -317,9 +321,8 @@ StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
     b.displaced.push_back(previous);
   }
   b.current = index;
-  tls_slot_cache = b.provisional && b.displaced.empty()
-      ? detail::SlotCache{0, -1, nullptr}
-      : detail::SlotCache{id_, index, nullptr};
+  tls_slot_cache = b.unsettled() ? detail::SlotCache{0, -1, nullptr}
+                                 : detail::SlotCache{id_, index, nullptr};
   return previous;
 }
 

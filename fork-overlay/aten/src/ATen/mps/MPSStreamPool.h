@@ -232,12 +232,13 @@ class StreamPool {
   StreamT& defaultStream() {
     return stream(kDefaultStreamIndex);
   }
-  StreamT& currentStream() {
+  // `query`: see StreamSlotPool::currentIndex().
+  StreamT& currentStream(bool query = false) {
     const detail::SlotCache& cached = detail::tls_slot_cache;
     if (C10_LIKELY(cached.pool_id == slots_.id() && cached.stream != nullptr)) {
       return *static_cast<StreamT*>(cached.stream);
     }
-    return currentStreamSlow();
+    return currentStreamSlow(query);
   }
   StreamIndex currentIndex() {
     return slots_.currentIndex();
@@ -270,8 +271,8 @@ class StreamPool {
 
  private:
   // Kept out of the hot accessor so that it stays a few loads.
-  C10_NOINLINE StreamT& currentStreamSlow() {
-    const StreamIndex index = slots_.currentIndex();
+  C10_NOINLINE StreamT& currentStreamSlow(bool query) {
+    const StreamIndex index = slots_.currentIndex(query);
     StreamT& s = stream(index);
     detail::SlotCache& cached = detail::tls_slot_cache;
     if (cached.pool_id == slots_.id() && cached.current == index) {
