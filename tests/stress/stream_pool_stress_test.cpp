@@ -136,6 +136,48 @@ TEST_F(PoolStressTest, HundredThousandShortLivedThreadsLeakNoSlot) {
   EXPECT_EQ(pool_->slots().leasedSlots(), 0);
 }
 
+// Note [MPS main thread lookup]: waves of short-lived threads, a quarter of
+// them main threads of the pool, which claim the global copy of their cache
+// in turn and give it up as they exit, while the others lease and reuse the
+// exited threads' thread pointers. Every thread checks the stream it gets,
+// inside a guard and after it; TSan checks each hand-over.
+TEST_F(PoolStressTest, MainThreadsHandTheGlobalCacheOverAsTheyExit) {
+  at::mps::detail::releaseMainCache(); // the test's threads claim it
+  static thread_local bool is_main = false;
+  at::mps::StreamPoolOptions o = workerThreads();
+  o.is_main_thread = [] { return is_main; };
+  pool_ = std::make_unique<sim::SimStreamPool>(
+      std::make_unique<sim::SimStreamBackend>(device()), std::move(o));
+  const int total = 20000 * harness::stressScale();
+  constexpr int kWave = 16;
+  std::atomic<int> right{0}, claimed{0};
+  for (int done = 0; done < total; done += kWave) {
+    std::vector<std::thread> wave;
+    for (int i = 0; i < kWave; ++i) {
+      wave.emplace_back([&, i] {
+        is_main = i % 4 == 0;
+        const StreamIndex own = pool_->currentIndex();
+        claimed += at::mps::detail::ownsMainCache();
+        const StreamIndex other = 1 + (done + i) % kWorkerStreams;
+        bool ok = (is_main ? own == 0 : own >= 1) &&
+            pool_->currentStream().index() == own;
+        {
+          sim::CurrentStreamGuard<sim::SimStreamPool> g(*pool_, other);
+          ok = ok && pool_->currentStream().index() == other;
+        }
+        right += ok && pool_->currentStream().index() == own;
+      });
+    }
+    for (auto& th : wave) {
+      th.join();
+    }
+  }
+  EXPECT_EQ(right.load(), total);
+  EXPECT_GT(claimed.load(), 0);
+  EXPECT_EQ(at::mps::detail::main_cache.owner.load(), 0u);
+  EXPECT_EQ(pool_->slots().leasedSlots(), 0);
+}
+
 // 4x oversubscription (124 threads for 31 worker slots) under each policy.
 class ExhaustionStressTest : public PoolStressTest {
  protected:

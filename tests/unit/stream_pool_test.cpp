@@ -256,6 +256,63 @@ TEST(StreamPoolTest, ThreadsBindPerPool) {
   EXPECT_EQ(b.pool->slots().leasedSlots(), 0);
 }
 
+// ------------------------------------------------------------ main thread
+// Note [MPS main thread lookup]
+
+// The main thread's lookups read the global copy of its cache: it must follow
+// every change of the thread's current slot.
+TEST(StreamPoolTest, TheMainThreadsGlobalCacheFollowsItsCurrentSlot) {
+  using at::mps::detail::main_cache;
+  using at::mps::detail::tls_slot_cache;
+  PoolUnderTest t(options({}, /*main_thread=*/true));
+  const auto agree = [] {
+    return main_cache.pool_id == tls_slot_cache.pool_id &&
+        main_cache.stream == tls_slot_cache.stream;
+  };
+  EXPECT_EQ(t.pool->currentStream().index, 0);
+  ASSERT_TRUE(at::mps::detail::ownsMainCache());
+  EXPECT_TRUE(agree());
+  for (StreamIndex index : {5, 7, 5, 0}) {
+    t.pool->exchangeCurrentIndex(index);
+    EXPECT_EQ(t.pool->currentIndex(), index);
+    EXPECT_EQ(t.pool->currentStream().index, index);
+    EXPECT_TRUE(agree()) << "after exchanging in " << index;
+  }
+  PoolUnderTest other(options({}, /*main_thread=*/true));
+  EXPECT_EQ(other.pool->currentStream().index, 0);
+  EXPECT_EQ(main_cache.pool_id.load(), other.pool->slots().id());
+  EXPECT_EQ(t.pool->currentStream().index, 0);
+  EXPECT_TRUE(agree());
+}
+
+// The owner gives the copy up as it exits; a later thread that gets the same
+// thread pointer (glibc reuses a joined thread's stack and thread block) must
+// not read the exited owner's stream.
+TEST(StreamPoolTest, AThreadReusingAnExitedOwnersThreadPointerLeases) {
+  at::mps::detail::releaseMainCache(); // so that the next main thread claims
+  std::atomic<bool> next_is_main{true};
+  at::mps::StreamPoolOptions o = options();
+  o.is_main_thread = [&] { return next_is_main.load(); };
+  PoolUnderTest t(std::move(o));
+  const uintptr_t owner = onThread([&] {
+    EXPECT_EQ(t.pool->currentStream().index, 0);
+    EXPECT_TRUE(at::mps::detail::ownsMainCache());
+    return at::mps::detail::threadWord();
+  });
+  EXPECT_EQ(at::mps::detail::main_cache.owner.load(), 0u);
+  next_is_main = false;
+  int reused = 0;
+  for (int i = 0; i < 20; ++i) {
+    const auto [word, index] = onThread([&] {
+      return std::make_pair(
+          at::mps::detail::threadWord(), t.pool->currentStream().index);
+    });
+    reused += word == owner;
+    EXPECT_EQ(index, 1) << "thread " << i << (word == owner ? " (reused)" : "");
+  }
+  EXPECT_GT(reused, 0) << "no thread reused the owner's thread pointer";
+}
+
 // ------------------------------------------------------------ exhaustion
 
 TEST(StreamPoolTest, ShareModeHandsOutWorkerStreamsRoundRobin) {
@@ -584,11 +641,12 @@ int inForkedChild(Fn fn) {
 
 TEST(StreamPoolTest, ChildAfterForkGetsAClearError) {
   PoolUnderTest t(options({}, /*main_thread=*/true));
-  EXPECT_EQ(t.pool->currentIndex(), 0);
+  EXPECT_EQ(t.pool->currentStream().index, 0); // cached, main thread's too
   const int child = inForkedChild([&] {
     int failures = 0;
     for (auto fn : std::vector<std::function<void()>>{
              [&] { t.pool->currentIndex(); },
+             [&] { t.pool->currentStream(); },
              [&] { t.pool->stream(1); },
              [&] { t.pool->streamFromPool(); },
              [&] { t.pool->synchronizeAll(); },
@@ -601,7 +659,7 @@ TEST(StreamPoolTest, ChildAfterForkGetsAClearError) {
     }
     // A pool made in the child itself works.
     PoolUnderTest fresh(options({}, /*main_thread=*/true));
-    return failures == 5 && fresh.pool->currentIndex() == 0 ? 0 : 1;
+    return failures == 6 && fresh.pool->currentIndex() == 0 ? 0 : 1;
   });
   EXPECT_EQ(child, 0);
   EXPECT_EQ(t.pool->currentIndex(), 0); // the parent is unaffected

@@ -92,6 +92,37 @@ PoolRegistry& registry() {
 
 using detail::tls_slot_cache;
 
+namespace {
+
+// Every write of a thread's SlotCache goes through here, so main_cache
+// always equals its owner's tls_slot_cache (Note [MPS main thread lookup]).
+void setSlotCache(const detail::SlotCache& cache) {
+  tls_slot_cache = cache;
+  if (detail::ownsMainCache()) {
+    detail::main_cache.set(cache);
+  }
+}
+
+// Called by a main thread as it binds; the acquire pairs with the release
+// of the previous owner's exit, after which its writes are visible.
+void claimMainCache() {
+  uintptr_t none = 0;
+  if (detail::kThreadWordKnown &&
+      detail::main_cache.owner.compare_exchange_strong(
+          none, detail::threadWord(), std::memory_order_acquire)) {
+    detail::main_cache.set(tls_slot_cache);
+  }
+}
+
+} // namespace
+
+// The release pairs with the acquire in claimMainCache().
+void detail::releaseMainCache() {
+  if (ownsMainCache()) {
+    main_cache.owner.store(0, std::memory_order_release);
+  }
+}
+
 std::atomic<uint64_t> StreamSlotPool::fork_generation_counter_{0};
 
 // Bumping the generation poisons every pool made before the fork: Metal
@@ -101,6 +132,7 @@ std::atomic<uint64_t> StreamSlotPool::fork_generation_counter_{0};
 void StreamSlotPool::onForkChild() {
   fork_generation_counter_.fetch_add(1, std::memory_order_relaxed);
   tls_slot_cache = {0, -1, nullptr};
+  detail::main_cache.owner.store(0, std::memory_order_relaxed);
 }
 
 // Per-thread bindings of every pool this thread has used; see
@@ -158,6 +190,7 @@ struct ThreadBindings {
       }
     }
     tls_slot_cache = {0, -1, nullptr};
+    detail::releaseMainCache();
   }
 };
 
@@ -226,6 +259,7 @@ StreamIndex StreamSlotPool::currentIndexSlow(bool query) {
   if (b.current < 0 || (!query && b.unsettled())) {
     if (options_.is_main_thread()) {
       b.current = kDefaultStreamIndex;
+      claimMainCache();
     } else {
       const Acquired got =
           acquireWorkerSlot(query ? ExhaustionConfig{} : options_.exhaustion);
@@ -236,7 +270,7 @@ StreamIndex StreamSlotPool::currentIndexSlow(bool query) {
     }
   }
   if (!b.unsettled()) {
-    tls_slot_cache = {id_, b.current, nullptr};
+    setSlotCache({id_, b.current, nullptr});
   }
   return b.current;
 }
@@ -321,9 +355,16 @@ StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
     b.displaced.push_back(previous);
   }
   b.current = index;
-  tls_slot_cache = b.unsettled() ? detail::SlotCache{0, -1, nullptr}
-                                 : detail::SlotCache{id_, index, nullptr};
+  setSlotCache(
+      b.unsettled() ? detail::SlotCache{0, -1, nullptr}
+                    : detail::SlotCache{id_, index, nullptr});
   return previous;
+}
+
+void StreamSlotPool::cacheStream(StreamIndex index, void* stream) {
+  if (tls_slot_cache.pool_id == id_ && tls_slot_cache.current == index) {
+    setSlotCache({id_, index, stream});
+  }
 }
 
 StreamIndex StreamSlotPool::nextPoolIndex() {
@@ -353,7 +394,7 @@ void StreamSlotPool::releaseCurrentThreadSlot() {
   b.leased = -1;
   b.current = -1;
   if (tls_slot_cache.pool_id == id_) {
-    tls_slot_cache = {0, -1, nullptr};
+    setSlotCache({0, -1, nullptr});
   }
   returnSlot(leased);
 }

@@ -103,6 +103,59 @@ struct SlotCache {
   void* stream; // the stream of `current`, once StreamPool looked it up
 };
 inline thread_local SlotCache tls_slot_cache = {0, -1, nullptr};
+
+// Note [MPS main thread lookup]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// In a shared library such as libtorch a thread_local read is a call
+// (__tls_get_addr on Linux, the TLV thunk on macOS); v2.9.1's current stream
+// was a load of a global. So the first main thread to bind (is_main_thread)
+// claims main_cache, a global copy of its SlotCache's pool and stream that
+// currentStream() finds by the thread pointer, read from a register.
+// - Only the owner writes the copy, with its tls_slot_cache, so the two
+//   agree. Other threads only compare `owner`; the copy's fields are atomic
+//   because a compiler may still load them speculatively.
+// - The owner gives the copy up at exit, before its thread
+//   pointer can be reused (the thread library orders a thread's exit before
+//   the creation of one that reuses it); the fork child handler gives it up.
+// - Without a known thread register (kThreadWordKnown), nothing claims it.
+#if defined(__APPLE__) && defined(__aarch64__)
+constexpr bool kThreadWordKnown = true;
+// The TSD base; the low 3 bits may hold the CPU (xnu's _os_tsd_get_base).
+inline uintptr_t threadWord() {
+  uintptr_t tsd;
+  asm volatile("mrs %0, TPIDRRO_EL0" : "=r"(tsd));
+  return tsd & ~uintptr_t{7};
+}
+#elif defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+constexpr bool kThreadWordKnown = true;
+inline uintptr_t threadWord() {
+  return reinterpret_cast<uintptr_t>(__builtin_thread_pointer());
+}
+#else
+constexpr bool kThreadWordKnown = false;
+inline uintptr_t threadWord() {
+  return 0;
+}
+#endif
+
+struct MainCache {
+  std::atomic<uintptr_t> owner{0}; // threadWord() of the owner; 0: none
+  std::atomic<uint64_t> pool_id{0};
+  std::atomic<void*> stream{nullptr};
+
+  void set(const SlotCache& cache) {
+    pool_id.store(cache.pool_id, std::memory_order_relaxed);
+    stream.store(cache.stream, std::memory_order_relaxed);
+  }
+};
+inline MainCache main_cache;
+
+inline bool ownsMainCache() {
+  return kThreadWordKnown &&
+      main_cache.owner.load(std::memory_order_relaxed) == threadWord();
+}
+// Gives main_cache up if the calling thread owns it; its exit does this.
+TORCH_API void releaseMainCache();
 } // namespace detail
 
 // Note [MPS current stream]
@@ -151,6 +204,10 @@ class TORCH_API StreamSlotPool {
   // Called by the returning thread with each lease's slot before the slot is
   // offered again, so the owner can flush work left on that stream.
   void setReleaseHook(std::function<void(StreamIndex)> hook);
+
+  // Fills in the calling thread's cached stream if `index` is still its
+  // cached slot of this pool.
+  void cacheStream(StreamIndex index, void* stream);
 
   // Raises in a child process forked after this pool was made. The fast path
   // of currentIndex() needs no check: the child handler clears the cache of
@@ -234,11 +291,14 @@ class StreamPool {
   }
   // `query`: see StreamSlotPool::currentIndex().
   StreamT& currentStream(bool query = false) {
-    const detail::SlotCache& cached = detail::tls_slot_cache;
-    if (C10_LIKELY(cached.pool_id == slots_.id() && cached.stream != nullptr)) {
-      return *static_cast<StreamT*>(cached.stream);
+    if (detail::ownsMainCache()) {
+      const detail::MainCache& m = detail::main_cache;
+      StreamT* s = cachedStream(
+          m.pool_id.load(std::memory_order_relaxed),
+          m.stream.load(std::memory_order_relaxed));
+      return C10_LIKELY(s != nullptr) ? *s : currentStreamSlow(query);
     }
-    return currentStreamSlow(query);
+    return threadCurrentStream(query);
   }
   StreamIndex currentIndex() {
     return slots_.currentIndex();
@@ -270,14 +330,23 @@ class StreamPool {
   }
 
  private:
+  StreamT* cachedStream(uint64_t pool_id, void* stream) {
+    return pool_id == slots_.id() ? static_cast<StreamT*>(stream) : nullptr;
+  }
+
+  // Out of line: a thread_local read in a shared library is a call, and
+  // inlined it would make the main thread's path save registers around it.
+  C10_NOINLINE StreamT& threadCurrentStream(bool query) {
+    const detail::SlotCache& cached = detail::tls_slot_cache;
+    StreamT* s = cachedStream(cached.pool_id, cached.stream);
+    return C10_LIKELY(s != nullptr) ? *s : currentStreamSlow(query);
+  }
+
   // Kept out of the hot accessor so that it stays a few loads.
   C10_NOINLINE StreamT& currentStreamSlow(bool query) {
     const StreamIndex index = slots_.currentIndex(query);
     StreamT& s = stream(index);
-    detail::SlotCache& cached = detail::tls_slot_cache;
-    if (cached.pool_id == slots_.id() && cached.current == index) {
-      cached.stream = &s;
-    }
+    slots_.cacheStream(index, &s);
     return s;
   }
 
