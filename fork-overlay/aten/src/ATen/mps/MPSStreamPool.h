@@ -107,16 +107,17 @@ inline thread_local SlotCache tls_slot_cache = {0, -1, nullptr};
 // Note [MPS main thread lookup]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // In a shared library such as libtorch a thread_local read is a call
-// (__tls_get_addr on Linux, the TLV thunk on macOS); v2.9.1's current stream
-// was a load of a global. So the first main thread to bind (is_main_thread)
-// claims main_cache, a global copy of its SlotCache's pool and stream that
-// currentStream() finds by the thread pointer, read from a register.
+// (__tls_get_addr on Linux, the TLV thunk on macOS), where the single global
+// stream this pool replaced was a load. So the first main thread to bind
+// (is_main_thread) claims main_cache, a global copy of its SlotCache's pool
+// and stream that currentStream() finds by the thread pointer, read from a
+// register.
 // - Only the owner writes the copy, with its tls_slot_cache, so the two
 //   agree. Other threads only compare `owner`; the copy's fields are atomic
 //   because a compiler may still load them speculatively.
-// - The owner gives the copy up at exit, before its thread
-//   pointer can be reused (the thread library orders a thread's exit before
-//   the creation of one that reuses it); the fork child handler gives it up.
+// - The owner gives the copy up at exit, before its thread pointer can be
+//   reused (the thread library orders a thread's exit before the creation
+//   of one that reuses it); the fork child handler gives it up too.
 // - Without a known thread register (kThreadWordKnown), nothing claims it.
 #if defined(__APPLE__) && defined(__aarch64__)
 constexpr bool kThreadWordKnown = true;
