@@ -103,8 +103,9 @@ void setSlotCache(const detail::SlotCache& cache) {
   }
 }
 
-// Called by a main thread as it binds; the acquire pairs with the release
-// of the previous owner's exit, after which its writes are visible.
+// Called by a main thread as it binds. The acquire pairs with the release
+// at the previous owner's exit, ordering that owner's writes to the copy
+// before the ones this claim and its owner make.
 void claimMainCache() {
   uintptr_t none = 0;
   if (detail::kThreadWordKnown &&
