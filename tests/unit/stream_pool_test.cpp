@@ -265,15 +265,18 @@ TEST(StreamPoolTest, TheMainThreadsGlobalCacheFollowsItsCurrentSlot) {
   using at::mps::detail::main_cache;
   using at::mps::detail::tls_slot_cache;
   PoolUnderTest t(options({}, /*main_thread=*/true));
+  // The copy names the pool only once it holds the stream.
   const auto agree = [] {
-    return main_cache.pool_id == tls_slot_cache.pool_id &&
-        main_cache.stream == tls_slot_cache.stream;
+    const void* stream = tls_slot_cache.stream;
+    return main_cache.pool_id == (stream ? tls_slot_cache.pool_id : 0) &&
+        main_cache.stream == stream;
   };
   EXPECT_EQ(t.pool->currentStream().index, 0);
   ASSERT_TRUE(at::mps::detail::ownsMainCache());
   EXPECT_TRUE(agree());
   for (StreamIndex index : {5, 7, 5, 0}) {
     t.pool->exchangeCurrentIndex(index);
+    EXPECT_TRUE(agree()) << "exchanging in " << index;
     EXPECT_EQ(t.pool->currentIndex(), index);
     EXPECT_EQ(t.pool->currentStream().index, index);
     EXPECT_TRUE(agree()) << "after exchanging in " << index;

@@ -141,11 +141,12 @@ inline uintptr_t threadWord() {
 
 struct MainCache {
   std::atomic<uintptr_t> owner{0}; // threadWord() of the owner; 0: none
-  std::atomic<uint64_t> pool_id{0};
+  std::atomic<uint64_t> pool_id{0}; // 0 while `stream` is unset: one compare
   std::atomic<void*> stream{nullptr};
 
   void set(const SlotCache& cache) {
-    pool_id.store(cache.pool_id, std::memory_order_relaxed);
+    pool_id.store(
+        cache.stream != nullptr ? cache.pool_id : 0, std::memory_order_relaxed);
     stream.store(cache.stream, std::memory_order_relaxed);
   }
 };
@@ -294,10 +295,10 @@ class StreamPool {
   StreamT& currentStream(bool query = false) {
     if (detail::ownsMainCache()) {
       const detail::MainCache& m = detail::main_cache;
-      StreamT* s = cachedStream(
-          m.pool_id.load(std::memory_order_relaxed),
-          m.stream.load(std::memory_order_relaxed));
-      return C10_LIKELY(s != nullptr) ? *s : currentStreamSlow(query);
+      return C10_LIKELY(
+                 m.pool_id.load(std::memory_order_relaxed) == slots_.id())
+          ? *static_cast<StreamT*>(m.stream.load(std::memory_order_relaxed))
+          : currentStreamSlow(query);
     }
     return threadCurrentStream(query);
   }
@@ -331,16 +332,13 @@ class StreamPool {
   }
 
  private:
-  StreamT* cachedStream(uint64_t pool_id, void* stream) {
-    return pool_id == slots_.id() ? static_cast<StreamT*>(stream) : nullptr;
-  }
-
   // Out of line: a thread_local read in a shared library is a call, and
   // inlined it would make the main thread's path save registers around it.
   C10_NOINLINE StreamT& threadCurrentStream(bool query) {
     const detail::SlotCache& cached = detail::tls_slot_cache;
-    StreamT* s = cachedStream(cached.pool_id, cached.stream);
-    return C10_LIKELY(s != nullptr) ? *s : currentStreamSlow(query);
+    return C10_LIKELY(cached.pool_id == slots_.id() && cached.stream)
+        ? *static_cast<StreamT*>(cached.stream)
+        : currentStreamSlow(query);
   }
 
   // Kept out of the hot accessor so that it stays a few loads.
