@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""The single-thread figures of issue 12, side by side, in one run.
+
+Runs the benchmark programs of one build in rounds and prints, for each
+figure, its value in every round, the median of the rounds and whether that
+median meets the goal. Every figure is a ratio (or, for the hook, a time)
+of two benchmarks of one program run, repetitions randomly interleaved, so
+machine drift moves both sides alike.
+
+    scripts/single_thread_set.py [--bench DIR] [--rounds N] [--cpu K]
+
+DIR holds bench_allocator, bench_hot_paths, bench_hot_paths_shared and
+bench_inference (default build/dev/tests/bench). Single-thread benchmarks of
+the allocator, the lookup and the hook run pinned to CPU K (taskset), so a
+migration between cores is not timed; the 8- and 16-thread figures and
+inference (whose simulated GPU runs on threads of its own) are not pinned.
+The 8-thread allocator figure is judged only on a machine with at least 8
+CPUs. Exits 1 when a judged median misses its goal.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = ["--benchmark_enable_random_interleaving=true", "--benchmark_format=json",
+         "--benchmark_report_aggregates_only=true"]
+ALLOC = "BM_MallocFree<{}>/real_time/threads:{}"
+INFER = "BM_Inference_{}/real_time/threads:{}"
+
+# (figure, goal, higher is better, program, pinned, flags, value from medians)
+FIGURES = [
+    ("malloc + free, 4 pairs, 1 thread, patch / v2.9.1 model", 1.10, False,
+     "bench_allocator", True, ["--benchmark_filter=threads:1$", "--benchmark_min_time=0.3",
+                               "--benchmark_repetitions=15"],
+     lambda t: t[ALLOC.format("PerPool", 1)] / t[ALLOC.format("V291Model", 1)]),
+    ("malloc + free, 8 threads, v2.9.1 model / patch time", 50.0, True,
+     "bench_allocator", False, ["--benchmark_filter=threads:8$", "--benchmark_min_time=0.3",
+                                "--benchmark_repetitions=15"],
+     lambda t: t[ALLOC.format("V291Model", 8)] / t[ALLOC.format("PerPool", 8)]),
+]
+for program, where in (("bench_hot_paths", "linked in"), ("bench_hot_paths_shared", "shared library")):
+    hot = ["--benchmark_filter=threads:1$|BufferAccess", "--benchmark_min_time=0.2",
+           "--benchmark_repetitions=9"]
+    FIGURES += [
+        (f"lookup, {where}, patch / v2.9.1 singleton", 1.25, False, program, True, hot,
+         lambda t: t["BM_CurrentStream_Pool/threads:1"] / t["BM_CurrentStream_V291Singleton/threads:1"]),
+        (f"buffer access with the hook, {where}, ns", 5.0, False, program, True, hot,
+         lambda t: t["BM_BufferAccess_SameStreamHook"]),
+    ]
+INFER_FLAGS = ["--benchmark_filter=threads:(1|16)$", "--benchmark_min_time=1", "--benchmark_repetitions=9"]
+FIGURES += [
+    ("inference, 1 thread, patch / one stream", 1.02, False, "bench_inference", False, INFER_FLAGS,
+     lambda t: t[INFER.format("Pool", 1)] / t[INFER.format("V291OneStream", 1)]),
+    ("inference, 16 threads, one stream / patch time", 4.0, True, "bench_inference", False, INFER_FLAGS,
+     lambda t: t[INFER.format("V291OneStream", 16)] / t[INFER.format("Pool", 16)]),
+]
+
+
+def medians(bench, program, pinned, flags, cpu):
+    """Median time (ns) of every benchmark of one program run, by name."""
+    cmd = [os.path.join(bench, program)] + flags + FLAGS
+    if pinned:
+        cmd = ["taskset", "-c", str(cpu)] + cmd
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    scale = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+    return {b["run_name"]: b["real_time"] * scale[b["time_unit"]]
+            for b in json.loads(out)["benchmarks"] if b.get("aggregate_name") == "median"}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bench", default=os.path.join(ROOT, "build/dev/tests/bench"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cpu", type=int, default=1)
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.cpu < 0 or args.cpu >= os.cpu_count():
+        parser.error(f"--cpu must name one of this machine's {os.cpu_count()} CPUs, got {args.cpu}")
+
+    values = {f[0]: [] for f in FIGURES}
+    for _ in range(args.rounds):
+        runs = {}
+        for name, _, _, program, pinned, flags, value in FIGURES:
+            key = (program, pinned, tuple(flags))
+            if key not in runs:
+                runs[key] = medians(args.bench, program, pinned, flags, args.cpu)
+            values[name].append(value(runs[key]))
+
+    print(f"{args.rounds} rounds; single-thread allocator, lookup and hook pinned to CPU {args.cpu}\n")
+    print("| figure (goal) | rounds | median | met |\n|---|---:|---:|---|")
+    missed = 0
+    for name, goal, higher, *_ in FIGURES:
+        median = statistics.median(values[name])
+        met = median >= goal if higher else median <= goal
+        judged = "8 threads" not in name or os.cpu_count() >= 8
+        missed += judged and not met
+        verdict = ("yes" if met else "NO") if judged else f"not judged on {os.cpu_count()} CPUs"
+        rounds = " / ".join(f"{v:.3g}" for v in values[name])
+        print(f"| {name} ({'≥' if higher else '≤'} {goal:g}) | {rounds} | {median:.3g} | {verdict} |")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
