@@ -80,6 +80,9 @@ def main():
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    missing = sorted({f[3] for f in FIGURES if not os.access(os.path.join(args.bench, f[3]), os.X_OK)})
+    if missing:
+        parser.error(f"--bench {args.bench} lacks {', '.join(missing)} (cmake --build --preset dev builds them)")
     if args.cpu < 0 or args.cpu >= os.cpu_count():
         parser.error(f"--cpu must name one of this machine's {os.cpu_count()} CPUs, got {args.cpu}")
 
