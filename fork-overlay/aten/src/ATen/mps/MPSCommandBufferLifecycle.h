@@ -1,8 +1,8 @@
 #pragma once
 
+#include <ATen/mps/MPSEnvSwitch.h>
 #include <ATen/mps/MPSStreamPool.h>
 #include <ATen/mps/MPSThreadAnnotations.h>
-#include <c10/macros/Export.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
@@ -30,17 +30,24 @@ struct CompletionStatus {
 };
 using CompletionHandler = std::function<void(const CompletionStatus&)>;
 
-constexpr const char* kCommitAndContinueEnvVar =
-    "MPS_ENABLE_COMMIT_AND_CONTINUE";
+constexpr EnvSwitch kCommitAndContinueSwitch{
+    "MPS_ENABLE_COMMIT_AND_CONTINUE",
+    "commitAndContinue on every stream",
+    "off on every stream",
+    "on for the default stream only"};
 
 // Whether stream `index` uses commitAndContinue: the default stream only,
-// unless `env_value` ("0"/"1"; else throws) says otherwise; never when
-// `profiler_needs_plain_commits` (signposts or capture want one buffer per
-// commit).
-TORCH_API bool resolveCommitAndContinue(
+// unless `env_value` says otherwise (Note [MPS environment switches]); never
+// when `profiler_needs_plain_commits` (signposts or capture want one buffer
+// per commit).
+inline bool resolveCommitAndContinue(
     StreamIndex index,
     const char* env_value,
-    bool profiler_needs_plain_commits);
+    bool profiler_needs_plain_commits) {
+  return parseEnvSwitch(kCommitAndContinueSwitch, env_value)
+             .value_or(index == kDefaultStreamIndex) &&
+      !profiler_needs_plain_commits;
+}
 
 // Note [MPS command buffer lifecycle]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
