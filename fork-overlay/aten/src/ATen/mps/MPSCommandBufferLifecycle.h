@@ -36,10 +36,9 @@ constexpr EnvSwitch kCommitAndContinueSwitch{
     "off on every stream",
     "on for the default stream only"};
 
-// Whether stream `index` uses commitAndContinue: the default stream only,
-// unless `env_value` says otherwise (Note [MPS environment switches]); never
-// when `profiler_needs_plain_commits` (signposts or capture want one buffer
-// per commit).
+// On for the default stream only, unless `env_value` says otherwise (see
+// Note [MPS environment switches]); never if `profiler_needs_plain_commits`
+// (signposts or capture want one buffer per commit).
 inline bool resolveCommitAndContinue(
     StreamIndex index,
     const char* env_value,
@@ -51,40 +50,36 @@ inline bool resolveCommitAndContinue(
 
 // Note [MPS command buffer lifecycle]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A stream has at most one open command buffer and in it at most one open
-// compute encoder, both created lazily. Every transition happens under `mu_`,
-// so concurrent callers never commit a buffer twice, encode into a committed
-// buffer or end an encoder another call just made. Code that uses the
-// returned buffer or encoder across calls runs in the stream's serial
-// section, where every MPS op already encodes.
+// A stream has at most one open command buffer, with at most one open
+// compute encoder, both made lazily. Transitions happen under `mu_`, so
+// concurrent callers never commit a buffer twice, encode into a committed
+// one or end an encoder another call just made; code keeping the buffer or
+// encoder across calls runs in the serial section, as every MPS op does.
 //
 // Each commit point (a commit, or commitAndContinue of an existing buffer)
-// takes the next timeline value; a completion handler registered before the
-// commit reports it back. The completed value is the largest n such that
-// points 1..n have all completed, so out-of-order completion is harmless.
-// COMMIT_AND_WAIT waits for a timeline value, never on a buffer object (not
-// the uncommitted root that commitAndContinue leaves), and without holding
-// `mu_`, so a completion handler cannot deadlock against a waiter. Completion
-// handlers must not enter the serial section, where a waiter may sit.
+// takes the next timeline value, reported by a completion handler added
+// before the commit; the completed value is the largest n with points 1..n
+// done, so completion may come out of order. COMMIT_AND_WAIT waits for a
+// timeline value, never a buffer (nor commitAndContinue's uncommitted root),
+// and without `mu_`, so completion handlers cannot deadlock against a
+// waiter; they must not enter the serial section, where a waiter may sit.
 //
-// addCompletedHandler(h) runs h once all work submitted so far has completed:
-// it joins the open buffer if that has work, else waits for the last commit
-// point, or runs at once. No empty buffer is created, none committed clean.
+// addCompletedHandler(h) runs h once all work submitted so far completes: it
+// joins the open buffer if that has work, else waits for the last commit
+// point, or runs at once. No empty buffer is made, none committed clean.
 //
-// Every pass that carried work ends (when its encoder ends, or at a commit)
-// with a GPU signal of the stream's timeline event at the next pass mark,
-// which other streams wait for (Note [MPS cross-stream dependencies]).
+// A pass that carried work ends (with its encoder, or at a commit) with a
+// GPU signal of the stream's timeline event at the next pass mark, awaited
+// by other streams (Note [MPS cross-stream dependencies]).
 //
-// Ops must provide:
-//   using Queue; using Buffer; using Encoder;   (copyable handles)
-//   Buffer makeBuffer(const Queue&);            new buffer, owned by caller
-//   Encoder makeComputeEncoder(Buffer);         new encoder, owned by caller
+// Ops must provide (Queue, Buffer, Encoder: copyable handles; what make*()
+// returns is owned by the caller):
+//   Buffer makeBuffer(const Queue&); Encoder makeComputeEncoder(Buffer);
 //   void endEncoding(Encoder);                  ends and releases it
-//   void commit(Buffer);
+//   void commit(Buffer); void release(Buffer);
 //   void commitAndContinue(Buffer);             commits the root, stays open
 //   void addCompletedHandler(Buffer, CompletionHandler);  on the open root
 //   void signalTimeline(Buffer, uint64_t mark); no encoder open
-//   void release(Buffer);
 //   bool lowWatermarkReached();                 for COMMIT_ADAPTIVE
 template <typename Ops>
 class CommandBufferLifecycle {
@@ -140,8 +135,7 @@ class CommandBufferLifecycle {
     endEncoder();
   }
 
-  // A deferred flush: ends the pass if it still has mark `mark` (signalled
-  // even if empty), then commits, so that `mark` reaches committedMark().
+  // DependencyStream::flushAsync()'s work, in the serial section.
   void commitThrough(uint64_t mark) MPS_EXCLUDES(mu_, timeline_mu_) {
     MutexLock lock(mu_);
     if (open_mark_.load(std::memory_order_relaxed) <= mark) {
@@ -175,8 +169,7 @@ class CommandBufferLifecycle {
           commitOpen(/*keep_open=*/true);
           return;
         case SyncType::COMMIT_AND_WAIT:
-          // A plain commit: waiting must never target the uncommitted root
-          // that commitAndContinue would leave open.
+          // A plain commit; see Note [MPS command buffer lifecycle].
           commitOpen(/*keep_open=*/false);
           wait_for = lastCommitPoint();
           break;
@@ -199,9 +192,8 @@ class CommandBufferLifecycle {
     addTimelineHandler(submitted, std::move(handler));
   }
 
-  // Runs `handler` once commit point `point` has completed, inline if it has.
-  // Touches no command buffer, so any thread may call it outside the serial
-  // section.
+  // Runs `handler` once commit point `point` completed (inline if it has).
+  // Touches no command buffer: callable outside the serial section.
   void addTimelineHandler(uint64_t point, CompletionHandler handler)
       MPS_EXCLUDES(timeline_mu_) {
     {
@@ -214,8 +206,7 @@ class CommandBufferLifecycle {
     handler(CompletionStatus{});
   }
 
-  // The commit point that will carry all work encoded so far (the next one
-  // while the open buffer has work).
+  // The commit point that will carry all work encoded so far.
   uint64_t pendingCommitPoint() const MPS_EXCLUDES(mu_, timeline_mu_) {
     MutexLock lock(mu_);
     MutexLock tl(timeline_mu_);
@@ -225,13 +216,12 @@ class CommandBufferLifecycle {
     MutexLock lock(mu_);
     return dirty_;
   }
-  // The mark the open pass will signal, for DependencyStream::bindOpenMark();
-  // stable in the serial section, where passes end.
+  // For DependencyStream::bindOpenMark(); passes end in the serial section,
+  // so it is stable there.
   const std::atomic<uint64_t>& openMarkAtomic() const {
     return open_mark_;
   }
-  // The last mark whose signal is in a committed buffer; set after the
-  // commit, so a GPU wait for it never waits on unsubmitted work.
+  // The last mark whose signal is in a committed buffer (see commitOpen()).
   uint64_t committedMark() const {
     return committed_mark_.load(std::memory_order_acquire);
   }

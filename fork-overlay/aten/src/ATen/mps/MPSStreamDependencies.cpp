@@ -4,10 +4,8 @@
 
 #include <algorithm>
 
-// A test build defines this hook to stop a thread right after the fast path
-// published the use of buffer `i` of an op: the point where a takeover by
-// another stream must not be able to make the two streams wait for each
-// other.
+// A test build's hook, run just after the fast path published an op's buffer
+// `i`: a takeover then must not make two streams wait for each other.
 #ifndef MPS_DEPENDENCY_FAST_PATH_HOOK
 #define MPS_DEPENDENCY_FAST_PATH_HOOK(i)
 #endif
@@ -70,7 +68,7 @@ void DependencyTracker::use(
     case FastPath::kRecorded:
       return;
     case FastPath::kPartlyRecorded:
-      // See "Fast path" in the Note: abandon this mark, record at the next.
+      // "Fast path" in the Note: abandon this mark, record at the next.
       consumer.closePass(/*signal_if_empty=*/true);
       mark = consumer.openMark();
       break;
@@ -78,11 +76,7 @@ void DependencyTracker::use(
       break;
   }
 
-  // Strict two-phase locking: an op's buffers are locked together (in address
-  // order, so two ops cannot deadlock) and all its uses recorded before any
-  // is released. Ops touching common buffers are thereby recorded in one
-  // serial order, which keeps the waits between them acyclic even when two
-  // threads race on each other's buffers.
+  // Two-phase locking in address order; see "Record" in the Note.
   std::vector<BufferUses*> locked;
   for (size_t i = 0; i < count; ++i) {
     locked.push_back(uses[i].buffer);
@@ -120,9 +114,8 @@ void DependencyTracker::useInPassSlow(
   use(consumer, uses, access, UseSite::kInPass);
 }
 
-// The fast path (see the Note) applies when every buffer of the op is used
-// by this stream alone. kInPass ops of several buffers never take it: their
-// pass is open, so a partly published op could not move to a fresh mark.
+// kInPass ops of several buffers never take it: their pass is open, so a
+// partly published op could not move to a fresh mark.
 DependencyTracker::FastPath DependencyTracker::tryFastPath(
     StreamIndex me,
     uint64_t mark,
@@ -142,8 +135,7 @@ DependencyTracker::FastPath DependencyTracker::tryFastPath(
     uint64_t seen = word.load(std::memory_order_acquire);
     const uint64_t want = (mark << BufferUses::kMarkShift) |
         (seen & ~(~0ull << BufferUses::kMarkShift));
-    // The same mark again (kernels coalesced into one pass) is recorded
-    // already: one load, no write.
+    // The same mark again (coalesced kernels) is recorded: no write.
     if (seen != want) {
       if ((seen & BufferUses::kOwnerMask) != owner ||
           !word.compare_exchange_strong(
@@ -187,7 +179,7 @@ void DependencyTracker::record(
   if (buffer.wrote_at_[me] == point) {
     return;
   }
-  // Fold the sole-use period into the records.
+  // Fold the fast path's word into the records.
   const uint64_t sole = buffer.sole_.exchange(0, std::memory_order_acq_rel);
   if (sole != 0) {
     const StreamIndex s =
@@ -284,15 +276,11 @@ void DependencyTracker::resolve(
   }
 }
 
-// Follows the published waits from (stream, mark) while each awaited mark is
-// uncommitted (a committed one completes on the GPU alone). Coming back to
-// `me` means a kInPass wait needs this thread's own uncommitted work: no
-// order exists. The walk reads each stream's committed mark before its
-// wait, so a stream that committed and then started waiting can look stuck;
-// a cycle counts only if every mark on it is still uncommitted afterwards
-// and every wait still published. Marks only grow, so a real cycle passes
-// that check, and the last of its waits to be published always sees the
-// others.
+// "Progress" in the Note. The walk reads a stream's committed mark before its
+// wait, so one that committed and then waited can look stuck: a cycle back
+// to `me` counts only if, rechecked, every mark on it is uncommitted and
+// every wait still published. Marks only grow, so a real cycle passes, and
+// the last of its waits to be published always sees the others.
 bool DependencyTracker::waitsForItself(
     StreamIndex me,
     StreamIndex stream,

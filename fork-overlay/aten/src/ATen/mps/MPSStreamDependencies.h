@@ -1,7 +1,5 @@
 #pragma once
 
-// Portable cross-stream dependency tracking for MPS buffers.
-
 #include <ATen/mps/MPSStreamPool.h>
 #include <ATen/mps/MPSThreadAnnotations.h>
 #include <c10/macros/Export.h>
@@ -18,86 +16,65 @@ namespace at::mps {
 
 // Note [MPS cross-stream dependencies]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// With one command queue per stream, GPU work on two streams is unordered.
-// PyTorch code that hands tensors between threads expects the values a
-// single queue would give, so every use of a buffer is ordered after the
-// conflicting uses before it on other streams (read after write, write after
-// read, write after write), without the user adding synchronisation.
+// Streams (command queues) run unordered, but code handing tensors between
+// threads expects single-queue results: each buffer use is ordered after
+// conflicting earlier uses on other streams, with no user synchronisation.
 //
-// Marks. Every pass of a stream that carried work ends with a GPU signal of
-// the stream's timeline event with the pass's mark, 1, 2, 3, ... (see
-// Note [MPS command buffer lifecycle]). Work encoded in the open pass is "at"
-// the open mark; it has finished once the timeline event reaches that mark.
+// Marks. Work in a stream's open pass is "at" its open mark (1, 2, 3, ...),
+// done once the stream's timeline event reaches it; a pass with work ends by
+// signalling its mark (Note [MPS command buffer lifecycle]).
 //
-// Record. Each buffer remembers the last write (stream, mark) and, per
-// stream, the last read since that write. A use by stream C:
-//   - depends on the last write if another stream made it (RAW), and, for a
-//     write, on the reads of other streams too (WAR) and on the last write
-//     (WAW) -- each only while not yet completed;
-//   - then replaces what it dominates: a write becomes the only record (it is
-//     ordered after everything recorded before it); a read joins the reads.
-// A use at a mark where the same stream's write is already recorded is
-// another kernel of that pass binding the buffer again (in-place ops bind
-// their output, then the same tensor as an input). Every use recorded since
-// depends on the pass, so the use needs nothing and changes nothing; waiting
-// for those uses would be a cycle the serial order does not have.
-// An op's uses are recorded together under its buffers' locks (taken in
-// address order), so ops that share buffers are recorded in one serial
-// order, and every wait points from a later op to an earlier one.
+// Record. Each buffer keeps its last write (stream, mark) and each stream's
+// last read since. A use by stream C waits for the last write if another
+// stream made it (RAW); a write also for other streams' reads (WAR) and the
+// last write (WAW); completed marks are skipped. A write then becomes the
+// only record (it follows all of it); a read joins the reads. A use at a
+// mark holding C's own write is a kernel of that pass binding the buffer
+// again (in-place ops: output, then input); all uses since depend on the
+// pass, so it needs and changes nothing (a wait would be a cycle the serial
+// order lacks). An op locks its buffers in address order (no deadlock) and
+// records all its uses before any unlock, so ops sharing buffers get one
+// serial order and every wait points from a later op to an earlier one.
 //
-// Fast path. A buffer used by one stream only carries a single word, (mark,
-// wrote, stream); a use by that stream replaces the word with a
-// compare-and-swap and takes no lock. Another stream takes the buffer over
-// by exchanging the word for 0 under the buffer's lock. A use is recorded
-// exactly when its swap succeeds, so a takeover sees it or it falls back to
-// the locked path; a published mark never belongs to a use that is recorded
-// again later. An op of several buffers can lose one after publishing
-// others: whoever took a published buffer over is now ordered after this op
-// at its mark, while the op's fallback records it after them. The op then
-// ends its pass with an empty signal and records everything at the next
-// mark; a wait for the abandoned mark is satisfied by the work before it,
-// which is exactly what the serial order gives the taker.
+// Fast path. A buffer only one stream uses holds a word (mark, wrote,
+// stream) its uses update by compare-and-swap, lock-free; another stream
+// takes it over by swapping in 0 under the buffer's lock. A use is recorded
+// exactly when its swap succeeds, so a takeover sees it or it takes the
+// locked path, and no published mark is recorded again. An op losing a
+// buffer after publishing others (their takers follow it at its mark, its
+// fallback would follow them) ends its pass with an empty signal and records
+// all at the next mark; the abandoned mark's waiters get the work before it,
+// as the serial order has it.
 //
-// Resolution, by where the use is made (UseSite):
-//   kBeforeEncoding: the consumer is in its serial section and the op holds
-//     no encoder yet (graph ops at encode time, copies). The consumer's open
-//     pass is ended first, so the use gets a fresh mark; then, for each
-//     producer mark not completed yet, a GPU-side wait is encoded on the
-//     consumer.
-//   kInPass: the op already holds a compute encoder (custom Metal kernels
-//     binding buffers). No event wait can be encoded inside a pass, so the
-//     calling thread waits on the CPU until the producer's mark completes.
-// Host reads (.cpu(), .item()) are copies on the reading thread's stream
-// (kBeforeEncoding) followed by a wait for that stream alone.
+// Resolution, by UseSite:
+//   kBeforeEncoding (serial section, no encoder: graph ops at encode time,
+//     copies): the consumer's pass ends for a fresh mark, then a GPU wait is
+//     encoded per producer mark not completed.
+//   kInPass (encoder held: custom Metal kernels): no event wait fits in a
+//     pass, so the thread waits on the CPU for the producer's mark.
+// Host reads (.cpu(), .item()) are kBeforeEncoding copies, then a wait for
+// the reading thread's stream alone.
 //
-// Progress. Two rules keep the GPU from ever depending on a CPU thread:
-//   1. A GPU wait is encoded only for a mark that is already committed
-//      (committedMark()). If it is not, the consumer first commits its own
-//      open work (so it holds no uncommitted mark while blocked), asks the
-//      producer to commit with flushAsync(), which never blocks, and waits
-//      on the CPU until it has. Waits only point to earlier ops, and only to
-//      submitted signals, so every committed command buffer completes
-//      without help from any thread, and a thread blocked on a full queue
-//      (Metal's in-flight command-buffer limit) is eventually let through.
-//   2. A mark that was recorded is eventually signalled, even if the op that
-//      took it failed before encoding: flushAsync(mark) ends the open pass
-//      with a signal if it is still the pass of `mark`.
-// A thread blocked on another stream (rules 1 and kInPass) leaves the
-// (stream, mark) it waits for in waiting_on_. Following those edges while
-// each awaited mark is still uncommitted finds the one case with no valid
-// order: a kInPass wait, whose thread cannot commit while it holds its
-// encoder, that (directly or through other waits) needs its own open pass.
-// The tracker raises an error naming both streams instead of hanging.
+// Progress. The GPU never depends on a CPU thread:
+//   1. GPU waits are only for committed marks (committedMark()); otherwise
+//      the consumer commits its open work (so it holds no uncommitted mark
+//      while blocked), asks the producer to commit (flushAsync(), never
+//      blocking) and waits on the CPU. Waits point only to earlier ops and
+//      submitted signals, so committed buffers complete unaided and a thread
+//      blocked on a full queue (Metal's in-flight limit) eventually proceeds.
+//   2. A recorded mark is eventually signalled, even if its op failed before
+//      encoding (flushAsync()).
+// Blocked threads publish their awaited (stream, mark) in waiting_on_;
+// following these through uncommitted marks finds the one case with no
+// valid order, a kInPass wait (unable to commit while holding its encoder)
+// needing its own open pass, reported as an error naming both streams.
 
 enum class Access : uint8_t { kRead, kWrite };
 enum class UseSite : uint8_t { kBeforeEncoding, kInPass };
 
-// Per-buffer use record (in PyTorch, BufferUseTable's entry for the
-// MTLBuffer); all members are private to the tracker.
 class TORCH_API BufferUses {
  public:
   BufferUses() = default;
-  // The record of `key` in the table `table` (BufferUseTable's id).
   BufferUses(uint64_t table, const void* key) : table_(table), key_(key) {}
 
  private:
@@ -125,23 +102,20 @@ class TORCH_API BufferUses {
   // Packed as mark * kStreamsPerPool + stream; 0 means none.
   uint64_t last_write_ MPS_GUARDED_BY(mu_) = 0;
   std::array<uint64_t, kStreamsPerPool> reads_ MPS_GUARDED_BY(mu_){};
-  // Per stream, the mark of its last recorded write, kept when later uses
-  // dominate it; 0 for none (marks start at 1).
+  // Per stream, its last write's mark, kept once dominated; 0: none.
   std::array<uint64_t, kStreamsPerPool> wrote_at_ MPS_GUARDED_BY(mu_){};
 };
 
 namespace detail {
 // Per-thread direct-mapped cache of BufferUseTable lookups, tagged with the
-// table's id so that tables (tests make many) never see each other's
-// entries. Constant-initialized, so a lookup is a plain TLS access.
+// table id (tests make many tables); constant-initialized: a plain TLS read.
 struct TableCacheEntry {
   uint64_t table;
   const void* key;
   BufferUses* uses;
 };
-// (table, key) == (table_id, k), as one expression: written with `&&`, clang
-// keeps the first compare's result in a register (sete, then test) on the
-// hook's fast path.
+// (table, key) == (table_id, k) in one expression: with `&&`, clang keeps
+// the first compare in a register (sete, then test) on the hook's fast path.
 inline bool sameTableAndKey(
     uint64_t table,
     const void* key,
@@ -169,32 +143,24 @@ class DependencyStream {
   StreamIndex index() const {
     return index_;
   }
-  // The mark of the open pass. Stable while the caller holds this stream's
-  // serial section. Read inline, as every buffer access reads it; the stream
-  // says where the value lives with bindOpenMark() before its first use.
+  // The open pass's mark, stable in this stream's serial section. Inline, as
+  // every buffer access reads it; bindOpenMark() binds it before first use.
   uint64_t openMark() const {
     return open_mark_->load(std::memory_order_acquire);
   }
   // The last mark whose signal is committed, and the last one signalled.
   virtual uint64_t committedMark() const = 0;
   virtual uint64_t completedMark() const = 0;
-  // Makes `mark` committed as soon as the serial section is free, never
-  // blocking the caller: ends the open pass if it is still the one of
-  // `mark` (signalling it even if empty), then commits.
+  // Without blocking, commits `mark` once the serial section is free: ends
+  // the pass of `mark` if still open (signalled even if empty), then commits.
   virtual void flushAsync(uint64_t mark) = 0;
-  // In this stream's serial section, with no encoder held by the caller: end
-  // the open pass, signalling its mark if it carried work or if
-  // `signal_if_empty`.
+  // These two run in the serial section, the caller holding no encoder. End
+  // the open pass, signalling its mark if it had work or `signal_if_empty`:
   virtual void closePass(bool signal_if_empty) = 0;
-  // In this stream's serial section, with no encoder held by the caller:
-  // commit the open work.
   virtual void commitOpen() = 0;
-  // After closePass(), in the same serial section: make later work on this
-  // stream wait (on the GPU) until `producer` reaches `mark`, which must be
-  // committed. The wait joins the open pass; it must not end it.
+  // After closePass(), same serial section: later work here waits on the GPU
+  // for `producer`'s committed `mark`. Joins the open pass, never ends it.
   virtual void encodeWait(DependencyStream& producer, uint64_t mark) = 0;
-  // Block the calling thread until this stream's `mark` is committed, or
-  // completed.
   virtual void waitCommitted(uint64_t mark) = 0;
   virtual void waitCompleted(uint64_t mark) = 0;
 
@@ -210,24 +176,22 @@ class DependencyStream {
   // the shifted open mark instead of building the word per access.
   const uint64_t writer_word_;
   const std::atomic<uint64_t>* open_mark_ = nullptr;
-  // The hook's lookups, per stream so that it reads no thread_local (a call
-  // in a shared library). Copy.mm and ConstantOps.mm bind buffers outside
-  // the serial section, so an entry is one atomic pointer to a record naming
-  // its table and key, read before it can be checked: a table (PyTorch's is
-  // leaked) must outlive the hooks of the streams that used it.
+  // The hook's lookups, per stream as a thread_local is a call in a shared
+  // library. Copy.mm and ConstantOps.mm bind outside the serial section, so
+  // an entry is an atomic pointer to a record naming its table and key, read
+  // before it can be checked: a table (PyTorch's is leaked) must outlive the
+  // hooks of the streams that used it.
   std::array<std::atomic<BufferUses*>, detail::kTableCacheSize> hook_cache_{};
 };
 
 // Note [MPS buffer use table]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Maps a buffer's identity (the MTLBuffer, in PyTorch) to its BufferUses.
-// Entries are created on first use and never freed: a record outlives the
-// tensor on purpose, so that a block the allocator hands out again still
-// carries the uses of its previous life (a new user on another stream waits
-// for them), and so that cached pointers to records never dangle. Memory is
-// one record per distinct buffer address the process ever tracked. Lookups
-// go through a small direct-mapped cache, per thread (the hook's: per
-// stream); a miss takes one of 64 shard locks.
+// Maps a buffer's identity (the MTLBuffer, in PyTorch) to its BufferUses,
+// made on first use and never freed: a block the allocator hands out again
+// keeps its previous life's uses (a new user on another stream waits for
+// them), and cached record pointers never dangle. Memory: one record per
+// buffer address ever tracked. Lookups go through a small direct-mapped
+// cache per thread (the hook's: per stream); a miss takes one of 64 shards.
 class TORCH_API BufferUseTable {
  public:
   BufferUses& get(const void* key) {
@@ -266,10 +230,8 @@ class TORCH_API DependencyTracker {
     Access access;
   };
 
-  // Orders the uses of one op after the conflicting uses recorded before
-  // them, then records them, all at one mark (the op's work is one pass).
-  // `consumer` is the stream whose work uses the buffers; the caller holds
-  // its serial section.
+  // Orders one op's uses after conflicting earlier ones, then records them at
+  // one mark (one pass); the caller holds `consumer`'s serial section.
   void use(
       DependencyStream& consumer,
       const Use* uses,
@@ -290,11 +252,10 @@ class TORCH_API DependencyTracker {
     use(consumer, &one, 1, site);
   }
 
-  // The per-kernel hook: a kInPass use of the buffer `key` names in `table`.
-  // A kernel of a pass that already recorded this use (the consumer is the
-  // buffer's sole user at its open mark, a writer if this is a write) costs
-  // a cache lookup and one load, inline: coalesced kernels share their
-  // pass's mark. Everything else is out of line.
+  // The per-kernel hook: a kInPass use of `key`'s buffer in `table`. Inline
+  // (a cache lookup, one load) if the pass already recorded it, as coalesced
+  // kernels share a mark: `consumer` is the sole user at its open mark, and a
+  // writer if this is a write. Everything else is out of line.
   void useInPass(
       DependencyStream& consumer,
       BufferUseTable& table,
@@ -356,8 +317,7 @@ class TORCH_API DependencyTracker {
       size_t count);
   static void lockAll(const std::vector<BufferUses*>& buffers);
   static void unlockAll(const std::vector<BufferUses*>& buffers);
-  // Records one use, with the buffer's lock held; appends what it must wait
-  // for to `needs`.
+  // Records one use (buffer locked); appends what it must wait for to `needs`.
   void record(
       StreamIndex me,
       uint64_t mark,
@@ -370,8 +330,7 @@ class TORCH_API DependencyTracker {
       UseSite site);
   bool waitsForItself(StreamIndex me, StreamIndex stream, uint64_t mark) const;
   enum class Until : uint8_t { kCommitted, kCompleted };
-  // Blocks `consumer`'s thread until `producer` reaches `point`, publishing
-  // the wait for cycle detection first.
+  // Publishes the wait in waiting_on_, then blocks until `point`.
   void waitFor(
       DependencyStream& consumer,
       DependencyStream& producer,
@@ -379,8 +338,7 @@ class TORCH_API DependencyTracker {
       Until until);
 
   std::array<std::atomic<DependencyStream*>, kStreamsPerPool> streams_{};
-  // The (stream, mark) each blocked stream waits for, packed as in
-  // BufferUses, 0 when none; see the Progress part of the Note.
+  // Each blocked stream's awaited (stream, mark) packed as last_write_, or 0.
   std::array<std::atomic<uint64_t>, kStreamsPerPool> waiting_on_{};
   std::atomic<uint64_t> gpu_waits_{0};
   std::atomic<uint64_t> cpu_waits_{0};

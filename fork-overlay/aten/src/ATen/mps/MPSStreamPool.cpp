@@ -94,8 +94,7 @@ using detail::tls_slot_cache;
 
 namespace {
 
-// Every write of a thread's SlotCache goes through here, so main_cache
-// always equals its owner's tls_slot_cache (Note [MPS main thread lookup]).
+// All SlotCache writes go here; see Note [MPS main thread lookup].
 void setSlotCache(const detail::SlotCache& cache) {
   tls_slot_cache = cache;
   if (detail::ownsMainCache()) {
@@ -103,9 +102,8 @@ void setSlotCache(const detail::SlotCache& cache) {
   }
 }
 
-// Called by a main thread as it binds. The acquire pairs with the release
-// at the previous owner's exit, ordering that owner's writes to the copy
-// before the ones this claim and its owner make.
+// The acquire pairs with the release at the previous owner's exit, ordering
+// that owner's writes to the copy before this claim's and its owner's.
 void claimMainCache() {
   uintptr_t none = 0;
   if (detail::kThreadWordKnown &&
@@ -126,33 +124,28 @@ void detail::releaseMainCache() {
 
 std::atomic<uint64_t> StreamSlotPool::fork_generation_counter_{0};
 
-// Bumping the generation poisons every pool made before the fork: Metal
-// objects do not survive fork(). Pools made in the child still work. The
-// forking thread is the child's only thread; clearing its cache sends its
-// next currentIndex() through the checked slow path.
+// Poisons every pool made before the fork (Metal objects do not survive
+// fork()); pools made in the child work. Clearing the cache of the child's
+// only thread sends its next currentIndex() through the checked slow path.
 void StreamSlotPool::onForkChild() {
   fork_generation_counter_.fetch_add(1, std::memory_order_relaxed);
   tls_slot_cache = {0, -1, nullptr};
   detail::main_cache.owner.store(0, std::memory_order_relaxed);
 }
 
-// Per-thread bindings of every pool this thread has used; see
-// Note [MPS current stream].
+// This thread's binding to each pool it used; see Note [MPS current stream].
 struct ThreadBindings {
   struct Binding {
     uint64_t pool_id;
     StreamIndex current; // -1: not chosen yet
     StreamIndex leased; // -1: holds no lease
-    // current is a shared slot that a query took on an exhausted pool; see
-    // Note [MPS stream queries].
+    // current is a query's unleased slot; see Note [MPS stream queries].
     bool provisional;
     uint64_t fork_generation; // the pool's
-    // The slots that exchanges replaced and have not been exchanged back
-    // yet, innermost last; see exchangeCurrentIndex().
+    // Slots replaced by exchanges not yet undone, innermost last.
     std::vector<StreamIndex> displaced;
 
-    // current is that provisional slot (no exchange is open): the cache
-    // must not hold it, and the next op applies the exhaustion policy.
+    // Provisional, no exchange open: uncached; the next op applies the policy.
     bool unsettled() const {
       return provisional && displaced.empty();
     }
@@ -173,17 +166,15 @@ struct ThreadBindings {
   ~ThreadBindings() {
     auto& reg = registry();
     for (const auto& b : bindings) {
-      // A thread exiting in a fork child must not touch the parent's pools:
-      // the release hook would drive Metal, and the registry lock may have
-      // been copied held by a parent thread.
+      // In a fork child, leave the parent's pools: the release hook would
+      // drive Metal, and the registry lock may have been copied held.
       if (b.leased < 0 ||
           b.fork_generation !=
               StreamSlotPool::fork_generation_counter_.load(
                   std::memory_order_relaxed)) {
         continue;
       }
-      // Holding the registry lock keeps the pool alive while the lease is
-      // returned (a pool unregisters itself before it is destroyed).
+      // The registry lock keeps the pool alive (it unregisters before dying).
       MutexLock lock(reg.mu);
       auto it = reg.pools.find(b.pool_id);
       if (it != reg.pools.end()) {
@@ -240,20 +231,16 @@ void StreamSlotPool::failForked() {
 
 // Note [MPS stream queries]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A stream guard asks for the thread's current stream before exchanging it
-// (c10's InlineStreamGuard calls getStream, then exchangeStream), and so
-// does torch.mps.stream(). On a thread that has no stream yet that query
-// binds one, though the thread may never encode on it: libtorch's autograd
-// engine runs every MPS backward node on its own thread, under a guard for
-// the stream of the node's forward. If the query applied the exhaustion
-// policy, that thread would wait for, or fail to get, a stream it does not
-// need while the threads holding every worker stream wait for their
-// backward passes. So a query (currentIndex(true): getStream, and the
-// saved slot of an exchange) takes a free slot, or else shares one without
-// a lease, marked provisional and kept out of the cache. The thread's next
-// op outside any exchange then applies the policy, as on a first use, and
-// may move the thread to a leased slot; ops inside an exchange run on the
-// exchanged-in slot.
+// A stream guard (c10's InlineStreamGuard: getStream, then exchangeStream)
+// and torch.mps.stream() query the current stream first, binding one on a
+// fresh thread that may never encode: autograd runs each MPS backward node
+// on its own thread, guarded onto the forward's stream. The exhaustion
+// policy there would make it wait for (or fail on) an unneeded stream while
+// every worker stream's holder awaits its backward pass. So a query
+// (getStream and an exchange's saved slot: currentIndex(true)) takes a free
+// slot, else an unleased shared one, marked provisional and uncached. The
+// next op outside any exchange applies the policy as a first use, maybe
+// moving to a leased slot; ops inside an exchange use the exchanged-in slot.
 StreamIndex StreamSlotPool::currentIndexSlow(bool query) {
   checkNotForked();
   ThreadBindings::Binding& b = tls_bindings.find(*this);
@@ -325,26 +312,21 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
   {
     MutexLock lock(mu_);
     free_slots_.push_back(index);
-    // Keep the lowest index on top so reuse is deterministic.
     std::sort(free_slots_.begin(), free_slots_.end(), std::greater<>());
   }
   slot_freed_.notifyOne();
 }
 
-// Stream guards (c10::StreamGuard, torch.mps.stream)
-// exchange a slot in and later exchange the previous one back, through the
-// same call as set_stream(). An exchange back to the slot the last unmatched
-// exchange replaced undoes it; any other exchange is a new displacement.
-// While a displacement is open the thread may not give its lease back: the
-// guard would restore a slot the thread no longer owns, or lease one from its
-// destructor (where an exhausted pool could only terminate).
-// The rule cannot tell set_stream() from a guard, as c10 gives both the same
-// call: set_stream(own) inside a guard onto `own` undoes the guard's entry,
-// so a release there goes through and the guard's exit leases again; and
-// set_stream() to the current slot, or inside a guard, opens an entry that
-// nothing closes, so a later release is refused. A model check of this rule
-// finds both; closing them needs a restore call that c10's stream guards do
-// not make today.
+// Guards (c10::StreamGuard, torch.mps.stream) exchange a slot in, then the
+// previous one back, via set_stream()'s call. An exchange back to the slot
+// the last open exchange replaced closes it; any other opens one. While one
+// is open the lease stays: the guard would restore a slot the thread no
+// longer owns, or lease one in its destructor (where an exhausted pool could
+// only terminate). Known holes, as set_stream() shares the guards' call:
+// set_stream(own) in a guard onto `own` closes the guard's entry (a release
+// there succeeds; the guard's exit leases again), and set_stream() to the
+// current slot or in a guard opens one nothing closes (a later release is
+// refused). Closing them needs a restore call c10's guards lack today.
 StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   checkNotForked();
   checkStreamIndex(index);

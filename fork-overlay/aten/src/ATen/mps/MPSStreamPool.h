@@ -17,29 +17,24 @@ namespace at::mps {
 
 // Note [MPS stream pool]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// A process has kStreamsPerPool MPS streams, each with its own command queue:
-// slot 0 is the default stream, the others are worker streams. A stream is
-// created on first use of its slot, exactly once; a failed creation leaves the
-// slot empty for a later retry. The pool is templated on the stream type, so
-// tests run this same code over a simulated stream.
+// kStreamsPerPool streams, each with its own command queue: slot 0 is the
+// default stream, the rest worker streams. A slot's stream is created once,
+// on first use; a failed creation leaves the slot empty for a retry. Tests
+// run this code over a simulated stream (the pool's template parameter).
 //
-// The main thread starts on the default stream (Note [MPS current stream]).
-// Any other thread, on first use, leases a free worker slot exclusively until
-// it exits or calls releaseCurrentThreadSlot(); when all are leased,
-// MPS_STREAM_POOL_WAIT_TIMEOUT_MS decides (ExhaustionPolicy). Exclusivity is
-// a scheduling property, not a safety one: shared streams, getStreamFromPool(),
-// guards and tensors used from other threads still reach a stream from
-// several threads, so everything a stream does must be thread-safe.
+// The main thread starts on the default stream (Note [MPS current stream]);
+// others lease a free worker slot on first use until they exit or call
+// releaseCurrentThreadSlot(), else ExhaustionPolicy applies. A lease is not
+// a lock: shared streams, getStreamFromPool(), guards and cross-thread
+// tensors share streams across threads, so stream code must be thread-safe.
 //
-// The production pool is leaked, as CUDA leaks its streams: static
-// destructors may run after the Metal runtime is gone, and threads may still
-// hold leases at exit.
+// The production pool is leaked, like CUDA's streams: static destructors may
+// run after the Metal runtime is gone, and threads may hold leases at exit.
 
 constexpr int kStreamsPerPool = 32;
 constexpr int kDefaultStreamIndex = 0;
 constexpr int kWorkerStreams = kStreamsPerPool - 1;
 
-// Index of a slot in the pool, in [0, kStreamsPerPool).
 using StreamIndex = int;
 
 inline void checkStreamIndex(StreamIndex index) {
@@ -53,9 +48,8 @@ inline void checkStreamIndex(StreamIndex index) {
 
 // Note [MPS stream ids]
 // ~~~~~~~~~~~~~~~~~~~~~
-// A c10::Stream for MPS carries the pool slot index as its StreamId, so id 0
-// is the default stream and ids are never negative. Any other id is rejected
-// with an error that names it.
+// An MPS c10::Stream's StreamId is its pool slot index: id 0 is the default
+// stream, ids are never negative, and any other id is rejected by name.
 static_assert(kDefaultStreamIndex == 0, "id 0 must stay the default stream");
 
 TORCH_API int64_t streamIdFromIndex(StreamIndex index);
@@ -91,12 +85,10 @@ struct StreamPoolOptions {
 };
 
 namespace detail {
-// The binding of the pool the calling thread used last, constant-initialized
-// and trivially destructible, so a read is a plain TLS load. The .cpp writes
-// pool_id and current with stream = nullptr; StreamPool fills in the slot's
-// stream while both still match. A separate copy in a library that only
-// inlines the readers would stay empty and always take the checked slow
-// path, which is correct (Note [MPS current stream]).
+// The cache of Note [MPS current stream]: constant-initialized, a TLS load.
+// StreamSlotPool writes pool_id and current with stream = nullptr, which
+// StreamPool fills in while both still match. A copy in a library that only
+// inlines the readers stays empty: always the checked slow path, correctly.
 struct SlotCache {
   uint64_t pool_id;
   int current; // StreamIndex; -1: no binding
@@ -107,18 +99,15 @@ inline thread_local SlotCache tls_slot_cache = {0, -1, nullptr};
 // Note [MPS main thread lookup]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // In a shared library such as libtorch a thread_local read is a call
-// (__tls_get_addr on Linux, the TLV thunk on macOS), where the single global
-// stream this pool replaced was a load. So the first main thread to bind
-// (is_main_thread) claims main_cache, a global copy of its SlotCache's pool
-// and stream that currentStream() finds by the thread pointer, read from a
-// register.
-// - Only the owner writes the copy, with its tls_slot_cache, so the two
-//   agree. Other threads only compare `owner`; the copy's fields are atomic
-//   because a compiler may still load them speculatively.
-// - The owner gives the copy up at exit, before its thread pointer can be
-//   reused (the thread library orders a thread's exit before the creation
-//   of one that reuses it); the fork child handler gives it up too.
-// - Without a known thread register (kThreadWordKnown), nothing claims it.
+// (__tls_get_addr on Linux, the TLV thunk on macOS), where the global stream
+// this pool replaced was a load. So the first main thread (is_main_thread)
+// to bind claims main_cache: a global copy of its SlotCache's pool and
+// stream, found by the thread pointer (a register) in currentStream().
+// - Only the owner writes it, with its tls_slot_cache, so both agree; others
+//   only compare `owner` (atomic fields: compilers may load speculatively).
+// - The owner gives it up at exit, before its thread pointer can be reused
+//   (a thread's exit precedes the creation of one reusing it), as does the
+//   fork child handler. Without kThreadWordKnown, nothing claims it.
 #if defined(__APPLE__) && defined(__aarch64__)
 constexpr bool kThreadWordKnown = true;
 // The TSD base; the low 3 bits may hold the CPU (xnu's _os_tsd_get_base).
@@ -162,21 +151,20 @@ TORCH_API void releaseMainCache();
 
 // Note [MPS current stream]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
-// A thread's binding to a pool holds its current slot and its leased slot,
-// if any. The fast path reads a trivially destructible cache of the last
-// pool's binding: compare the pool id, load the index. The full list lives in
-// a second thread_local whose destructor returns leases at thread exit.
-// Bindings name pools by a process-unique id, never by address, so a test's
-// destroyed pool and a new one at the same address are never confused; a
-// thread exiting after its pool unregistered has nothing to return.
+// A thread's binding to a pool holds its current and leased slots. The fast
+// path reads a trivially destructible cache of the last pool's binding:
+// compare the pool id, load the index. A second thread_local holds the full
+// list; its destructor returns leases at thread exit. Pools are named by a
+// process-unique id, never an address, so a destroyed test pool and a new one
+// at its address are never confused, and a thread exiting after its pool
+// unregistered has nothing to return.
 class TORCH_API StreamSlotPool {
  public:
   explicit StreamSlotPool(StreamPoolOptions options);
   ~StreamSlotPool();
 
-  // The calling thread's current slot. An op's first call on a non-main
-  // thread leases a worker slot or applies the exhaustion policy; a stream
-  // query's (`query`) never waits or throws: Note [MPS stream queries].
+  // A `query` never waits or throws (Note [MPS stream queries]); an op's first
+  // call on a non-main thread leases a slot or applies the exhaustion policy.
   StreamIndex currentIndex(bool query = false) {
     const detail::SlotCache cached = detail::tls_slot_cache;
     if (C10_LIKELY(cached.pool_id == id_ && cached.current >= 0)) {
@@ -185,7 +173,6 @@ class TORCH_API StreamSlotPool {
     return currentIndexSlow(query);
   }
 
-  // Makes `index` current for the calling thread; returns the previous one.
   StreamIndex exchangeCurrentIndex(StreamIndex index);
 
   uint64_t id() const {
@@ -195,9 +182,8 @@ class TORCH_API StreamSlotPool {
   // Round-robin over worker slots; never leases (CUDA's getStreamFromPool).
   StreamIndex nextPoolIndex();
 
-  // Returns the calling thread's lease, if any; its next use leases again.
-  // Raises inside a stream guard or after set_stream() to another stream
-  // (see exchangeCurrentIndex() in the .cpp).
+  // The thread's next use leases again. Raises inside a stream guard or after
+  // set_stream() to another stream (see exchangeCurrentIndex()).
   void releaseCurrentThreadSlot();
 
   int leasedSlots() const MPS_EXCLUDES(mu_);
@@ -207,13 +193,10 @@ class TORCH_API StreamSlotPool {
   // offered again, so the owner can flush work left on that stream.
   void setReleaseHook(std::function<void(StreamIndex)> hook);
 
-  // Fills in the calling thread's cached stream if `index` is still its
-  // cached slot of this pool.
   void cacheStream(StreamIndex index, void* stream);
 
-  // Raises in a child process forked after this pool was made. The fast path
-  // of currentIndex() needs no check: the child handler clears the cache of
-  // the only thread that survives fork().
+  // Raises in a child forked after this pool was made. currentIndex()'s fast
+  // path needs no check: the fork child handler clears the survivor's cache.
   void checkNotForked() const {
     if (C10_UNLIKELY(
             fork_generation_ !=
@@ -227,7 +210,6 @@ class TORCH_API StreamSlotPool {
     StreamIndex index;
     bool leased; // false: a shared stream handed out on exhaustion
   };
-  // Bumped in the child of every fork().
   static std::atomic<uint64_t> fork_generation_counter_;
   static void onForkChild();
   [[noreturn]] static void failForked();
@@ -245,7 +227,7 @@ class TORCH_API StreamSlotPool {
 
   mutable Mutex mu_;
   CondVar slot_freed_;
-  // Free worker slots, popped from the back: the lowest index goes first.
+  // Free worker slots, popped from the back: lowest first, deterministically.
   std::vector<StreamIndex> free_slots_ MPS_GUARDED_BY(mu_);
 };
 

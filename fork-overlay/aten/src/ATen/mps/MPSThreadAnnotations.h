@@ -1,8 +1,7 @@
 #pragma once
 
-// Clang thread-safety annotations and an annotated mutex. c10 has no lock
-// annotations and std::mutex is not annotated, so -Wthread-safety needs these
-// wrappers; on other compilers the macros are empty.
+// Clang thread-safety annotations and an annotated mutex for -Wthread-safety,
+// as c10 and std::mutex have none; on other compilers the macros are empty.
 
 #include <chrono>
 #include <condition_variable>
@@ -61,9 +60,8 @@ class MPS_THREAD_ANNOTATION(scoped_lockable) ScopedLock {
 };
 using MutexLock = ScopedLock<Mutex>;
 
-// Condition variable for Mutex; wait() releases `mu` while blocked. The
-// predicate forms are not analysed: the analysis cannot tie a predicate's own
-// annotation to the `mu` parameter (the predicate always runs with it held).
+// Condition variable for Mutex. The predicate forms are not analysed: the
+// analysis cannot tie a predicate's annotation to `mu` (held when it runs).
 class CondVar {
  public:
   void wait(Mutex& mu) MPS_REQUIRES(mu) {
