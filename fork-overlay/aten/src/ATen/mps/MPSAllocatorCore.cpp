@@ -10,47 +10,36 @@ namespace at::mps {
 
 // Note [MPS allocator locking]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// No global lock. Each pool has
-//   Pool::mu         its free set, its pending fences, and the backend's
-//                    device allocations and releases for that pool;
-//   StreamCache::mu  one per (pool, stream): that stream's cached blocks
-//                    (a CacheLock, see Note [MPS allocator stream-cache lock]);
-// and the allocated-block table is split into shards by pointer:
-//   Shard::mu        its pointer -> block map and the owner-visible state of
-//                    those blocks (uses, active flag, backend payload).
-// Lock order: Pool::mu, then StreamCache::mu, then Shard::mu (declared with
-// MPS_ACQUIRED_BEFORE/AFTER; Clang checks it with -Wthread-safety-beta).
-// Today no path holds two of them at once: blocks move between containers
-// by being taken out under one lock and put in under the next, and while in
-// transit they belong to the moving thread alone.
+// No global lock. Pool::mu guards a pool's free set and pending fences and
+// serialises its backend allocations and releases; StreamCache::mu (a
+// CacheLock, see Note [MPS allocator stream-cache lock]) one stream's cached
+// blocks; Shard::mu a shard of the pointer -> block table and those blocks'
+// owner-visible state (uses, active flag, backend payload).
+// Order: Pool::mu, StreamCache::mu, Shard::mu (MPS_ACQUIRED_BEFORE/AFTER,
+// checked by -Wthread-safety-beta). Today no path holds two: a block leaves
+// one lock's container and enters the next's, owned by the mover in between.
 //
-// No allocator lock is held while calling StreamTimelines: stream calls may
+// StreamTimelines is never called under an allocator lock: stream calls may
 // take stream locks or wait for the GPU, and completion handlers take pool
-// locks, so holding a pool lock across one could deadlock. Backend calls run
-// under allocator locks (allocate and release under Pool::mu, gpuReferenced
-// under a pool or cache lock, onFree under Shard::mu) and must not call back
-// into the allocator or into streams.
+// locks, so that could deadlock. Backend calls run under allocator locks
+// (allocate/release: Pool::mu; gpuReferenced: pool or cache lock; onFree:
+// Shard::mu) and must not call back into the allocator or into streams.
 //
-// Statistics: device-memory counts are atomics (they change on the slow path
-// only). What the fast path changes (in-use bytes, malloc and free counts)
-// is counted in the stream cache, under the lock it holds anyway, and in
-// atomics on the other paths; stats() sums them. A block freed into another
-// counter than the one its malloc used leaves each counter off by its size,
-// but never the sum.
+// Stats: device-memory counts are atomics (slow path only). Fast-path counts
+// sit in the stream cache under the lock taken anyway, elsewhere in atomics;
+// stats() sums them (a cross-counter free skews both, never the sum).
 
 // Note [MPS allocator block ownership]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A block is always owned by exactly one party, and its fields are accessed
-// only by that owner:
-//  - active (handed out): the user. `stream` and `uses` are written by the
-//    malloc that hands it out before the user sees the pointer; `uses` and
-//    the backend's payload change only under the block's shard mutex
-//    (recordStream, withBuffer), which free() also takes.
-//  - cached (a stream cache, a pool's free set or its pending fences): that
-//    container, under its mutex (`fence`, `cached_at`, `outstanding`).
-//  - in transit between the two: the thread moving it.
-// `active` itself is a relaxed atomic so that a double free is diagnosed
-// without a data race.
+// Exactly one party owns a block, and only it accesses the block's fields:
+//  - active (handed out): the user. The handing-out malloc writes `stream`
+//    and `uses` before the user sees the pointer; then `uses` and the backend
+//    payload change only under the shard mutex (recordStream, withBuffer),
+//    which free() also takes.
+//  - cached (stream cache, free set or pending fences): that container,
+//    under its mutex (`fence`, `cached_at`, `outstanding`).
+//  - in transit: the moving thread.
+// `active` is a relaxed atomic so a double free is diagnosed race-free.
 
 namespace {
 
@@ -61,8 +50,7 @@ StreamMask bit(StreamIndex s) {
   return StreamMask{1} << s;
 }
 
-// `for (StreamIndex s : StreamsIn{mask})` visits the set bits in order; the
-// range is its own iterator.
+// Visits a mask's set bits in order; the range is its own iterator.
 struct StreamsIn {
   StreamMask rest;
   StreamsIn begin() const {
@@ -113,7 +101,6 @@ void checkStream(StreamIndex stream) {
       kStreamsPerPool);
 }
 
-// Inserts `b`, reusing the node it was last extracted with.
 void insertBlock(CachingAllocatorCore::BlockSet& set, Block* b) {
   if (b->node) {
     set.insert(std::move(b->node));
@@ -122,8 +109,7 @@ void insertBlock(CachingAllocatorCore::BlockSet& set, Block* b) {
   }
 }
 
-// First block in `set` that fits `size`, at most `max_oversize` bytes
-// larger, and satisfies `usable`, removed.
+// Extracts the first `usable` fit for `size`, at most `max_oversize` larger.
 template <typename Set, typename Usable>
 Block* takeFit(Set& set, size_t size, size_t max_oversize, Usable&& usable) {
   for (auto it = set.lower_bound(size); it != set.end(); ++it) {
@@ -243,8 +229,7 @@ void CachingAllocatorCore::free(const void* key) {
     p.pending_streams.fetch_or(uses);
     pending_bytes_.fetch_add(static_cast<int64_t>(size));
   }
-  // `b` may be resolved and handed out again from here on; only the
-  // fences are used below.
+  // `b` may already be resolved and reused; use only the fences below.
   for (StreamIndex s : StreamsIn{uses}) {
     armOrResolve(p, s, points[s]);
   }
@@ -355,8 +340,7 @@ CachingAllocatorCore::Shard& CachingAllocatorCore::shardFor(const void* key) {
   return shards_[(h >> 32) % kShards];
 }
 
-// Memory pressure: how far the device is past the low watermark, none below
-// it or with no watermark set.
+// How far the device is past the low watermark; none below it or if unset.
 std::optional<size_t> CachingAllocatorCore::overLowWatermark() const {
   const size_t low = low_watermark_.load(std::memory_order_relaxed);
   if (low == 0) {
@@ -372,9 +356,8 @@ uint64_t CachingAllocatorCore::refreshCompleted(StreamIndex s) {
   return std::max(done, fetchMax(completed_[s], done));
 }
 
-// A cached block for a malloc on `stream`: from the stream's own cache
-// (counted there), else from the pool's free set, again after resolving
-// pending blocks, else from another stream's cache.
+// Tries `stream`'s cache (counted there), the pool's free set (again after
+// resolving pending blocks), then other streams' caches.
 CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
     Pool& p,
     size_t size,
@@ -409,7 +392,6 @@ CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
   return b;
 }
 
-// A block from another stream's cache whose fence has completed.
 CachingAllocatorCore::Block* CachingAllocatorCore::steal(
     Pool& p,
     size_t size,
@@ -432,7 +414,6 @@ CachingAllocatorCore::Block* CachingAllocatorCore::steal(
   return nullptr;
 }
 
-// The handed-out block `key`; raises an error naming `op` otherwise.
 CachingAllocatorCore::Block* CachingAllocatorCore::activeBlockLocked(
     Shard& shard,
     const void* key,
@@ -483,8 +464,7 @@ bool CachingAllocatorCore::resolveLocked(
   return freed;
 }
 
-// Lazy resolution: reads the completed points of the streams this pool
-// has fences on (outside the lock), then resolves.
+// Lazy resolution: reads completed points outside the lock, then resolves.
 bool CachingAllocatorCore::resolvePool(Pool& p) {
   const StreamMask mask = p.pending_streams.load();
   if (!mask) {
@@ -501,11 +481,10 @@ bool CachingAllocatorCore::resolvePool(Pool& p) {
   return freed;
 }
 
-// After inserting fence (s, value) into `p`: makes sure a completion
-// handler will resolve it. One handler per stream covers every fence up
-// to its value, so a new one is registered only for a larger value. The
-// handler publishes its value before sweeping, so a fence inserted after
-// its sweep of `p` sees the value here and is resolved by this thread.
+// Ensures a completion handler resolves fence (s, value), just put in `p`.
+// One handler per stream covers all fences up to its value, so only a larger
+// value registers one. A handler publishes its value before sweeping, so a
+// fence added after its sweep of `p` sees the value here; we resolve it.
 void CachingAllocatorCore::armOrResolve(
     Pool& p,
     StreamIndex s,
@@ -534,8 +513,7 @@ void CachingAllocatorCore::onStreamCompleted(StreamIndex s, uint64_t value) {
   handlers_run_.fetch_add(1);
 }
 
-// A new block of device memory, in the block table and counted as in use:
-// the caller hands it out.
+// A new block, in the block table and counted as in use (for the caller).
 CachingAllocatorCore::Block* CachingAllocatorCore::allocateFromDevice(
     Pool& p,
     size_t size,
@@ -563,16 +541,14 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateFromDevice(
   return b.release();
 }
 
-// The miss path: commit hints, garbage collection, device allocation and
-// the out-of-memory ladder (callbacks and cache, this pool's cached blocks,
-// then every cached block after waiting for its streams).
+// Commit hints, GC, device allocation, then the OOM ladder (callbacks and
+// cache, this pool's cached blocks, all cached blocks after their streams).
 CachingAllocatorCore::Block* CachingAllocatorCore::allocateBlock(
     Pool& p,
     size_t size,
     StreamIndex stream,
     bool pressure) {
   if (p.pending_streams.load()) {
-    // Asks the streams that hold fences here to commit, once per value.
     StreamPoints wanted{};
     lastFences(p, wanted);
     for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
@@ -622,9 +598,8 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateBlock(
       backend_.outOfMemoryHint());
 }
 
-// Releases cached blocks of `p` whose work is done, at least `target`
-// bytes if there are that many (SIZE_MAX: all of them), oldest first
-// when `oldest_first`. Returns how many.
+// Releases done cached blocks of `p`, at least `target` bytes if there are
+// that many (SIZE_MAX: all), oldest first if `oldest_first`. Returns how many.
 size_t CachingAllocatorCore::releaseCompleted(
     Pool& p,
     size_t target,

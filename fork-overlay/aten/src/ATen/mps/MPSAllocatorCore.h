@@ -1,9 +1,6 @@
 #pragma once
 
-// Portable core of the MPS caching allocator: pools, locking, pending frees,
-// stream uses and the reuse rule. No Objective-C and no Metal here: PyTorch
-// gives CachingAllocatorCore a backend over MTLHeap/MTLBuffer and MPSStream,
-// tests one over a simulated runtime.
+// Portable core of the MPS caching allocator: no Objective-C, no Metal.
 
 #include <ATen/mps/MPSStreamPool.h>
 #include <ATen/mps/MPSThreadAnnotations.h>
@@ -25,12 +22,8 @@
 
 namespace at::mps {
 
-// The allocator's view of the streams: each stream's commit-point timeline
-// (see Note [MPS command buffer lifecycle]). PyTorch implements it over
-// MPSStream, tests over a simulated stream.
-//
-// The allocator never calls these while holding one of its own locks, so an
-// implementation may take stream locks and may run `fn` inline.
+// Per-stream commit points (Note [MPS command buffer lifecycle]); called under
+// no allocator lock, so may take stream locks and run `fn` inline.
 class StreamTimelines {
  public:
   virtual ~StreamTimelines() = default;
@@ -38,40 +31,31 @@ class StreamTimelines {
   virtual uint64_t pendingPoint(StreamIndex stream) = 0;
   // The largest n such that commit points 1..n of `stream` have completed.
   virtual uint64_t completedPoint(StreamIndex stream) = 0;
-  // Asks `stream` to commit its open command buffer soon. A hint: it must not
-  // block on the stream (another thread may be encoding on it).
+  // A hint: must not block on the stream (others may be encoding on it).
   virtual void requestCommit(StreamIndex stream) = 0;
-  // Runs `fn` once completedPoint(stream) >= value, from the completion of
-  // the work that reaches it, or inline if it already has.
+  // Runs `fn` once completedPoint(stream) >= value, inline if already so.
   virtual void onCompleted(
       StreamIndex stream,
       uint64_t value,
       std::function<void()> fn) = 0;
-  // Commits what `value` needs and blocks until completedPoint(stream) >=
-  // value. Used by emptyCache() and the out-of-memory path only; the caller
-  // must not be inside the serial section of another stream.
+  // Commits what `value` needs and blocks until it completes: emptyCache()
+  // and OOM only; the caller must not be in another stream's serial section.
   virtual void waitFor(StreamIndex stream, uint64_t value) = 0;
 };
 
-// The allocator's device memory. A buffer is an opaque handle, never null;
-// key(buffer) is the pointer users free. The allocator calls these under
-// its own locks (see Note [MPS allocator locking]), so they must not call
-// back into the allocator or into streams.
+// A buffer is an opaque non-null handle; key(buffer) is the pointer users
+// free. Called under allocator locks; see Note [MPS allocator locking].
 class AllocatorBackend {
  public:
   virtual ~AllocatorBackend() = default;
-  // New device memory for `pool`, or nullptr when out of memory. Calls for
-  // one pool are serialised.
+  // nullptr when out of memory. Calls for one pool are serialised.
   virtual void* allocate(int pool, size_t size, bool memory_pressure) = 0;
   virtual void release(int pool, void* buffer) = 0;
   virtual const void* key(void* buffer) const = 0;
   // Whether the GPU may still reference the buffer; conservative.
   virtual bool gpuReferenced(void* buffer) const = 0;
-  // Compared with the low watermark.
   virtual size_t deviceAllocatedSize() const = 0;
-  // Before the out-of-memory retries.
   virtual void onAllocationFailed() {}
-  // Appended to the out-of-memory error.
   virtual std::string outOfMemoryHint() const {
     return {};
   }
@@ -81,16 +65,14 @@ class AllocatorBackend {
 
 // Note [MPS allocator stream-cache lock]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A stream cache is locked once by every malloc and free on the fast path,
-// nearly always by its own stream's threads, for a few set operations on
-// blocks that carry their own set nodes: the critical sections never block,
-// allocate, or call out (but for gpuReferenced on rare release paths). A
-// std::mutex costs two atomic read-modify-writes per critical section (its
-// unlock must look for sleeping waiters), which alone made a single-threaded
-// malloc/free pair 1.5x one under a single allocator-wide lock on large x86
-// cores. This lock costs one: an exchange to acquire, a release store to
-// release. A waiter spins on a plain load, then yields, then sleeps between
-// tries, so a preempted holder gets to run whatever the priorities.
+// Every fast-path malloc and free locks one stream cache, nearly always from
+// its own stream's threads, for a few set operations (blocks carry their own
+// set nodes) that never block, allocate or call out (bar gpuReferenced on
+// rare release paths). std::mutex's two atomic RMWs per section (unlock looks
+// for sleepers) alone made single-threaded malloc/free 1.5x slower than one
+// allocator-wide lock on large x86 cores; CacheLock needs one (an exchange).
+// Waiters spin on a plain load, then yield, then sleep, so a preempted holder
+// gets to run whatever the priorities.
 class MPS_THREAD_ANNOTATION(capability("mutex")) CacheLock {
  public:
   void lock() MPS_ACQUIRE() {
@@ -116,25 +98,18 @@ using CacheLockGuard = ScopedLock<CacheLock>;
 
 struct AllocatorPoolOptions {
   std::string name;
-  // Whether a block freed with uses on its allocation stream only may be
-  // handed to that stream again before the GPU is done with it. True for
-  // hazard-tracked memory, where the queue orders the old and the new work;
-  // false for untracked memory (the scalar pool) and memory the CPU writes
-  // right after allocation.
+  // Rule 1 of Note [MPS allocator cross-stream reuse]; false for untracked
+  // memory (the scalar pool) and memory the CPU writes right after malloc.
   bool same_stream_reuse = true;
-  // Whether the pool reacts to memory pressure (the low watermark): garbage
-  // collection of old cached blocks before device allocations, and no reuse
-  // of cached blocks more than `max_oversize` bytes larger than the request.
+  // Above the low watermark: collect old cached blocks before device
+  // allocations; reuse no block over `max_oversize` bytes larger than asked.
   bool pressure_aware = false;
   size_t max_oversize = SIZE_MAX;
 };
 
-// A snapshot of the allocator's counters. No update is lost under
-// concurrency, and a snapshot taken while no thread is inside the allocator
-// is exact; reserved_bytes and its peak are exact at every instant.
-// allocated_bytes is a sum of per-stream counters, so it has no peak:
-// torch.mps exposes none, and one shared counter would cost every malloc and
-// free a contended cache line (see Note [MPS allocator locking]).
+// No update is lost; exact while no thread is in the allocator (reserved_bytes
+// and its peak always). allocated_bytes sums per-stream counters: no peak, as
+// torch.mps exposes none and one counter would contend on every malloc.
 struct AllocatorStats {
   int64_t reserved_bytes = 0; // device memory held in blocks, any state
   int64_t allocated_bytes = 0; // in blocks handed out and not yet freed
@@ -155,8 +130,7 @@ struct AllocatorStats {
   uint64_t handlers_run = 0;
 };
 
-// Where the cached bytes are, counted by walking every container under its
-// lock. For tests and debugging; not a hot path.
+// Where the cached bytes are, counted under each container's lock. Slow.
 struct AllocatorCensus {
   int64_t stream_cached_bytes = 0; // in per-stream caches
   int64_t free_bytes = 0; // in pools' free sets
@@ -166,43 +140,31 @@ struct AllocatorCensus {
 
 // Note [MPS allocator cross-stream reuse]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A block records its allocation stream A and the set of streams that used
-// it: A itself plus every stream passed to recordStream(). At free(), each
-// used stream S contributes a fence (S, pendingPoint(S)): the commit point
-// that carries all work encoded on S so far, including every use of the
-// block (the user's free happens after the user's encoding).
-//
-//  1. Same stream only (uses == {A}) and the pool allows it: the block goes
-//     to A's stream cache and a malloc on A may take it at once. The new work
-//     is encoded on A after the old, and one queue runs hazard-tracked work
-//     in order, so the GPU sees the old uses finish before the new ones
-//     start. This is the one-queue rule, applied per stream.
-//  2. Otherwise the block is pending until every fence has completed
-//     (completedPoint(S) >= value). Pending blocks are resolved by
-//     completion handlers on the streams that carried the work, and lazily
-//     by mallocs that miss, which read completedPoint() themselves. A
-//     resolved block is free for every stream.
-//  3. A block in A's cache is also free for every other stream once its
-//     fence on A has completed; a malloc that misses its own cache and the
-//     pool's free set takes such a block ("steals" it).
-//  4. A malloc that finds nothing usable while pending blocks wait for
-//     their fences asks those streams to commit (a hint; it never waits)
-//     and allocates new device memory. Stream caches never trigger commits:
-//     their owner reuses them without one.
-//
-// The contract with the user is CUDA's:
-//  - A block handed out on A is ready for work on A. Work on another stream
-//    B must first wait for A (an event, like wait_stream()), as for any
-//    tensor produced on A: by rule 1 the block's previous life may still be
-//    running on A.
-//  - A block used on B must be recordStream()'d on B before it is freed.
-//    The allocator cannot see unrecorded uses: without it the block may be
-//    handed out on A, or on any stream once A's work is done, while B still
-//    uses it.
-//
-// Device memory is only ever released (GC, emptyCache, OOM retries) for
-// blocks whose fences have completed and that the backend reports as no
-// longer referenced by the GPU, so releasing never races with GPU work.
+// A block records its allocation stream A and its uses (A plus every
+// recordStream() stream). free() takes, per used stream S, a fence
+// (S, pendingPoint(S)): the commit point carrying all work encoded on S so
+// far, including every use of the block (the user frees after encoding).
+//  1. uses == {A} and the pool allows it: into A's stream cache, where a
+//     malloc on A may take it at once. One queue runs hazard-tracked work in
+//     order, so old uses finish before new ones start (one-queue rule).
+//  2. Otherwise pending until every fence completes (completedPoint(S) >=
+//     value), resolved by completion handlers on the fenced streams and
+//     lazily by missing mallocs reading completedPoint(); then free for all.
+//  3. A block in A's cache is free for every stream once its fence on A has
+//     completed: a malloc missing its own cache and the free set steals it.
+//  4. A malloc finding nothing usable while blocks are pending asks their
+//     streams to commit (a hint, never a wait) and allocates device memory.
+//     Stream caches trigger no commits: their owner needs none.
+// The user contract is CUDA's:
+//  - A block handed out on A is ready for work on A; another stream must
+//    first wait for A (event, wait_stream()), as for any tensor made on A:
+//    by rule 1 the block's previous life may still run on A.
+//  - A block used on stream B must be recordStream()'d on B before free():
+//    unrecorded uses are invisible, so it may be handed out on A, or
+//    anywhere once A's work is done, while B still uses it.
+// Device memory is released (GC, emptyCache, OOM retries) only for blocks
+// with completed fences that the backend reports unreferenced by the GPU, so
+// releasing never races with GPU work.
 class CachingAllocatorCore {
  public:
   using StreamMask = uint32_t;
@@ -212,8 +174,7 @@ class CachingAllocatorCore {
 
   struct Block;
 
-  // Best fit by size; ties by id so that the order is deterministic. (Block
-  // is complete in the bodies: they are compiled with the enclosing class.)
+  // Best fit, ties by id; Block is complete in bodies compiled with the class.
   struct BySize {
     using is_transparent = void; // lower_bound(size)
     bool operator()(const Block* a, const Block* b) const {
@@ -239,9 +200,8 @@ class CachingAllocatorCore {
     uint64_t fence = 0; // stream cache: pendingPoint(stream) at free
     int64_t cached_at = 0; // when freed (steady_clock ticks), for GC ages
     int outstanding = 0; // pending: fences not yet completed
-    // The set node that held the block when it last left a BlockSet, kept
-    // for its next insertion so that caching a block allocates nothing.
-    // Empty while the block is in a set; owned like the cache state.
+    // Node of the block's last BlockSet extraction, reused on insertion so
+    // that caching allocates nothing; empty while in a set.
     BlockSet::node_type node;
   };
 
@@ -249,25 +209,19 @@ class CachingAllocatorCore {
       AllocatorBackend& backend,
       StreamTimelines& timelines,
       std::vector<AllocatorPoolOptions> pools);
-  // Releases every block that is not handed out. Streams must be idle (no
-  // completion handler of this allocator may still run); blocks still
-  // handed out are leaked, as their owners may free them at process exit.
+  // Releases every block not handed out (those leak: owners may free them at
+  // process exit). No completion handler of this allocator may still run.
   ~CachingAllocatorCore();
 
-  // Hands out the buffer of a block of `size` bytes (already rounded by the
-  // caller) from `pool` for use on `stream`. Raises "MPS backend out of
-  // memory" when the device has no memory left after every retry.
+  // `size` is pre-rounded. Raises "MPS backend out of memory" if retries fail.
   void* malloc(int pool, size_t size, StreamIndex stream);
-  // Returns the block `key` to the allocator;
-  // see Note [MPS allocator cross-stream reuse].
+  // See Note [MPS allocator cross-stream reuse].
   void free(const void* key);
-  // Records that work on `stream` uses the block `key`, so that free() waits
-  // for it (CUDA's recordStream).
+  // CUDA's recordStream: free() will also wait for `stream`'s work.
   void recordStream(const void* key, StreamIndex stream);
 
-  // Runs fn(buffer) under the shard lock of block `key`, with its buffer
-  // as a `Buffer*`, or nullptr when `key` is not a block of this allocator
-  // (handed out or cached).
+  // fn(block `key`'s buffer as a `Buffer*`, or nullptr if `key` is no block
+  // of this allocator), run under the block's shard lock.
   template <typename Buffer = void, typename Fn>
   decltype(auto) withBuffer(const void* key, Fn&& fn) {
     Shard& shard = shardFor(key);
@@ -278,13 +232,11 @@ class CachingAllocatorCore {
                                  : static_cast<Buffer*>(it->second->buffer));
   }
 
-  // Waits for the work that cached blocks wait on, then releases every
-  // cached block. Blocks freed while it runs may stay cached.
+  // Waits for cached blocks' fences and releases them; later frees may stay.
   void emptyCache();
   // Moves pending blocks whose fences have completed to their pools' free sets.
   void resolvePending();
-  // Device bytes at or above which pressure-aware pools collect garbage and
-  // avoid oversized reuse; 0 disables it.
+  // Pressure starts at this many device bytes (see pressure_aware); 0: never.
   void setLowWatermark(size_t bytes) {
     low_watermark_.store(bytes);
   }
@@ -296,8 +248,7 @@ class CachingAllocatorCore {
     // See Note [MPS allocator stream-cache lock].
     mutable CacheLock mu;
     BlockSet blocks MPS_GUARDED_BY(mu);
-    // Events of the fast path, counted under the lock it holds anyway:
-    // mallocs this cache served, frees it took.
+    // Fast-path counts, kept under the lock it holds anyway.
     uint64_t hits MPS_GUARDED_BY(mu) = 0;
     uint64_t frees MPS_GUARDED_BY(mu) = 0;
     int64_t allocated_bytes MPS_GUARDED_BY(mu) = 0;
@@ -352,9 +303,8 @@ class CachingAllocatorCore {
   std::vector<std::unique_ptr<Pool>> pools_;
   std::array<Shard, kShards> shards_;
 
-  // Per stream: the largest commit point known complete, the largest one a
-  // completion handler was registered for, and the largest one a commit
-  // was requested for.
+  // Per stream, the largest commit point known complete / armed with a
+  // completion handler / asked to commit.
   std::array<std::atomic<uint64_t>, kStreamsPerPool> completed_{};
   std::array<std::atomic<uint64_t>, kStreamsPerPool> armed_{};
   std::array<std::atomic<uint64_t>, kStreamsPerPool> commit_requested_{};
@@ -374,8 +324,7 @@ class CachingAllocatorCore {
   std::atomic<uint64_t> commit_requests_{0};
   std::atomic<uint64_t> handlers_registered_{0};
   std::atomic<uint64_t> handlers_run_{0};
-  // Events off the stream-cache fast path; a malloc there is a cache hit or a
-  // device allocation.
+  // Off the stream-cache fast path (mallocs = hits + device allocations).
   std::atomic<int64_t> other_allocated_bytes_{0};
   std::atomic<uint64_t> other_frees_{0};
   std::atomic<uint64_t> other_hits_{0};

@@ -10,8 +10,7 @@ uint8_t EncoderLifecycleGate::resolve() {
 }
 
 EncoderLifecycleGate& computeEncoderGate() {
-  // Leaked, like the stream pool: streams may end encoders during static
-  // destruction.
+  // Leaked: streams may end encoders during static destruction.
   static auto* gate = new EncoderLifecycleGate(kSerializeComputeEncodersSwitch);
   return *gate;
 }

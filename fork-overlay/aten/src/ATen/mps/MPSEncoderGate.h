@@ -19,16 +19,15 @@ inline constexpr EnvSwitch kSerializeComputeEncodersSwitch{
 
 // Note [MPS compute-encoder lifecycle gate]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The dML project (github.com/dropbox/dML) reports crashes in Apple's AGX
-// driver when one thread ends a compute encoder while another, on another
-// queue, creates or uses one: a driver race that our own locking cannot
-// prevent. With MPS_SERIALIZE_COMPUTE_ENCODERS=1, every compute-encoder
-// creation and endEncoding routed through run() (GatedEncoderOps, MPSGraph
-// encodes) holds one process-wide mutex. Encoding into an open encoder is
-// not gated, so streams still encode in parallel and the gate narrows the
-// race rather than excluding it. Off (the default), run() costs one relaxed
-// load. The variable is read strictly on first use; a malformed value raises
-// from every use (Note [MPS environment switches]).
+// dML (github.com/dropbox/dML) reports AGX driver crashes when one thread
+// ends a compute encoder while another, on another queue, creates or uses
+// one: a driver race our locking cannot prevent. With
+// MPS_SERIALIZE_COMPUTE_ENCODERS=1, compute-encoder creation and endEncoding
+// through run() (GatedEncoderOps, MPSGraph encodes) hold one process-wide
+// mutex. Encoding into an open encoder is not gated, so streams still encode
+// in parallel and the gate narrows the race rather than excluding it. Off
+// (default), run() costs one relaxed load. The variable is read on first use;
+// a malformed value raises from every use (Note [MPS environment switches]).
 //
 // The mutex is a leaf lock: fn() must not enter a serial section, a
 // command-buffer lifecycle lock or the gate, so callers evaluate
@@ -37,7 +36,7 @@ class TORCH_API EncoderLifecycleGate {
  public:
   constexpr explicit EncoderLifecycleGate(const EnvSwitch& sw)
       : switch_(&sw), state_(kUnknown) {}
-  // A gate in a fixed state, for tools and tests.
+  // Fixed state, for tools and tests.
   explicit EncoderLifecycleGate(bool enabled)
       : switch_(nullptr), state_(enabled ? kOn : kOff) {}
 
@@ -46,7 +45,6 @@ class TORCH_API EncoderLifecycleGate {
     return (C10_LIKELY(state != kUnknown) ? state : resolve()) == kOn;
   }
 
-  // Returns fn(), run under the gate's mutex when the gate is on.
   template <typename Fn>
   decltype(auto) run(Fn&& fn) MPS_EXCLUDES(mu_) {
     if (!enabled()) {
@@ -67,11 +65,9 @@ class TORCH_API EncoderLifecycleGate {
   Mutex mu_;
 };
 
-// The process-wide gate, configured by MPS_SERIALIZE_COMPUTE_ENCODERS.
 TORCH_API EncoderLifecycleGate& computeEncoderGate();
 
-// Lifecycle ops (Note [MPS command buffer lifecycle]) whose compute-encoder
-// creation and endEncoding pass through a gate.
+// Lifecycle ops (Note [MPS command buffer lifecycle]), gated.
 template <typename Ops>
 class GatedEncoderOps : public Ops {
  public:

@@ -8,11 +8,10 @@ namespace at::mps {
 
 // Note [MPS environment switches]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// An on/off environment variable accepts exactly "1" or "0"; unset or empty
-// means its default. Anything else (" 1", "true", "yes") raises an error that
-// names the variable and what each value does, so a typo never silently
-// selects the default. Each switch is read once, by its owner, and the error
-// surfaces from the first operation that needs it.
+// An on/off variable accepts exactly "1" or "0"; unset or empty means the
+// default. Anything else (" 1", "true") raises, naming the variable and each
+// value's effect, so a typo never silently selects the default. Each switch
+// is read once, by its owner; the error surfaces from the first op needing it.
 struct EnvSwitch {
   const char* name;
   const char* on; // what "1" does
@@ -20,7 +19,6 @@ struct EnvSwitch {
   const char* unset; // what leaving it unset does
 };
 
-// nullopt for nullptr or "", true for "1", false for "0"; throws otherwise.
 TORCH_API std::optional<bool> parseEnvSwitch(
     const EnvSwitch& sw,
     const char* value);

@@ -16,31 +16,24 @@ namespace at::mps {
 
 // Note [MPS event values]
 // ~~~~~~~~~~~~~~~~~~~~~~~
-// A Metal shared event's value only rises: a smaller signal or CPU write
-// changes nothing, so an event never rewinds. Each record() takes the next
-// value of the event's own counter, which keeps counting across reuse from
-// the pool; "not recorded" is a separate state, not value 0. (Writing
-// signaledValue = 0 to reuse an event changes nothing, so the reused event
-// would look signalled and waits on it would be skipped.)
+// A Metal shared event's value only rises (smaller signals and CPU writes are
+// ignored), so zeroing it for reuse would leave it looking signalled and skip
+// waits. So each record() takes the next value of the event's own counter,
+// kept across pool reuse; "not recorded" is a state, not value 0.
 //
-// record(stream) and wait(stream) act on the stream given, whatever stream
-// the event was made with. A wait first commits the recording stream, so it
-// never blocks on a signal in an uncommitted buffer. Re-recording replaces the
-// captured work, as in CUDA. Notification callbacks (timing, synchronize)
-// hold only the shared completion state, never the event, which may be back
-// in the pool by then.
+// record(stream) and wait(stream) act on the given stream, whatever stream
+// made the event. A wait first commits the recording stream, never blocking
+// on a signal in an uncommitted buffer. Re-recording replaces the captured
+// work, as in CUDA. Notification callbacks (timing, synchronize) hold only
+// the shared completion state, never the (possibly re-pooled) event.
 //
-// Backend must provide:
-//   using Stream; using Handle;                 (Handle is the shared event)
-//   Handle makeEvent();                        owned by the event
-//   void releaseEvent(const Handle&);
+// Backend provides (each encode/commit enters the stream's serial section):
+//   using Stream; using Handle;  (the shared event, owned by the event)
+//   Handle makeEvent(); void releaseEvent(const Handle&); uint64_t nowNs();
 //   uint64_t signaledValue(const Handle&);
-//   void encodeSignal(Stream&, const Handle&, uint64_t value);
-//   void encodeWait(Stream&, const Handle&, uint64_t value);
-//   void commit(Stream&);                       synchronize(COMMIT)
+//   void encodeSignal/encodeWait(Stream&, const Handle&, uint64_t value);
+//   void commit(Stream&);  (synchronize(COMMIT))
 //   void notify(const Handle&, uint64_t value, std::function<void()>);
-//   uint64_t nowNs();
-// Each encode/commit enters the stream's serial section itself.
 template <typename Backend>
 class StreamEvent {
  public:
@@ -63,7 +56,6 @@ class StreamEvent {
     backend_->releaseEvent(handle_);
   }
 
-  // Signals this event on `stream` after the work submitted to it so far.
   void record(Stream& stream, bool commit) MPS_EXCLUDES(mu_) {
     uint64_t value = 0;
     bool timing = false;
@@ -72,9 +64,8 @@ class StreamEvent {
       value = ++counter_;
       timing = timing_;
     }
-    // The timing notification is registered before the signal is encoded,
-    // while the value cannot have been reached: Metal documents when a
-    // listener runs only for that case (notifyListener:atValue:block:).
+    // Registered before the signal: notifyListener:atValue:block: documents
+    // when a listener runs only for a value not yet reached.
     if (timing) {
       notifyCompletion(value, /*record_time=*/true);
     }
@@ -107,8 +98,7 @@ class StreamEvent {
     return true;
   }
 
-  // True once the recorded work has completed; false if never recorded,
-  // as torch.mps.Event.query() has always answered.
+  // False if never recorded, as torch.mps.Event.query() always answered.
   bool query() const MPS_EXCLUDES(mu_) {
     const uint64_t value = recorded();
     return value != 0 && backend_->signaledValue(handle_) >= value;
@@ -131,7 +121,6 @@ class StreamEvent {
     }
   }
 
-  // Milliseconds between the completions of `start`'s and this event's work.
   double elapsedMsSince(StreamEvent& start) {
     TORCH_CHECK(
         start.timingEnabled() && timingEnabled(),
@@ -169,9 +158,8 @@ class StreamEvent {
     return timing_;
   }
 
-  // Completion time of the last recorded value (0 if never recorded), which
-  // synchronize() has seen reached. Its notification may still be on the
-  // listener's queue, so this waits for it up to `timeout`.
+  // Completion time of the last recorded value (0 if never), which
+  // synchronize() saw reached; waits up to `timeout` for its notification.
   uint64_t completionTimeNs(std::chrono::nanoseconds timeout) const
       MPS_EXCLUDES(mu_) {
     const uint64_t value = recorded();
@@ -188,8 +176,7 @@ class StreamEvent {
     return recorded_;
   }
 
-  // The recorded value still to be reached and its stream; producer is null
-  // when there is nothing to wait for.
+  // The recorded value not yet reached and its stream (null if none).
   struct Pending {
     uint64_t value;
     Stream* producer;
@@ -206,7 +193,6 @@ class StreamEvent {
     return p;
   }
 
-  // Shared with notification callbacks; outlives the event if needed.
   class Completion {
    public:
     void reached(uint64_t value, uint64_t time_ns) MPS_EXCLUDES(mu_) {
@@ -219,14 +205,13 @@ class StreamEvent {
       }
       cv_.notifyAll();
     }
-    // False if `timeout` passed first.
     bool waitFor(uint64_t value, std::chrono::nanoseconds timeout)
         MPS_EXCLUDES(mu_) {
       MutexLock lock(mu_);
       return cv_.waitFor(
           mu_, timeout, [&]() MPS_REQUIRES(mu_) { return reached_ >= value; });
     }
-    // The time recorded for `value`, 0 if none came within `timeout`.
+    // 0 if no time for `value` came within `timeout`.
     uint64_t waitForTimeOf(uint64_t value, std::chrono::nanoseconds timeout)
         MPS_EXCLUDES(mu_) {
       MutexLock lock(mu_);
@@ -271,9 +256,9 @@ class StreamEvent {
 
 // Note [MPS event pool]
 // ~~~~~~~~~~~~~~~~~~~~~
-// Python and c10::Event hold events as ids, never reused. Every operation
-// holds a shared_ptr to the event while it works, so a concurrent release
-// cannot free it underneath; the last holder returns it to the free list.
+// Python and c10::Event hold events as never-reused ids. Each operation holds
+// a shared_ptr to its event, so a concurrent release cannot free it
+// underneath; the last holder returns it to the free list.
 template <typename Backend>
 class StreamEventPool {
  public:

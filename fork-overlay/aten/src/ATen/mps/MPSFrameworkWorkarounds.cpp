@@ -7,7 +7,7 @@ namespace at::mps {
 
 namespace {
 std::array<Mutex, kRacyKernelFamilies>& familyLocks() {
-  // Leaked, like the stream pool: ops may encode during static destruction.
+  // Leaked: ops may encode during static destruction.
   static auto* locks = new std::array<Mutex, kRacyKernelFamilies>();
   return *locks;
 }
@@ -31,8 +31,7 @@ const char* racyKernelFamilyName(RacyKernelFamily family) {
   return "unknown";
 }
 
-// The lock is chosen at run time, which the analysis cannot follow; the order
-// is checked at run time instead.
+// A lock chosen at run time defeats the analysis; the order is checked here.
 SerializedEncode::SerializedEncode(RacyKernelFamily family)
     MPS_NO_THREAD_SAFETY_ANALYSIS : index_(static_cast<int>(family)) {
   TORCH_INTERNAL_ASSERT(

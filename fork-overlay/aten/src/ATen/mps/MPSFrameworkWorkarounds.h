@@ -11,23 +11,20 @@ namespace at::mps {
 
 // Note [MPS Apple framework workarounds]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The dML project (github.com/dropbox/dML) found MPS kernels that fail when
-// encoded from several threads at once even with per-thread kernel objects,
-// queues and command buffers: the shared state is inside Apple's framework,
-// per kernel class. So each such family gets one process-wide lock, held only
-// around its encoding (SerializedEncode); other ops and MPSGraph paths take
-// none.
-//
-// Where an op has an MPSGraph implementation (nn.Linear, LayerNorm),
-// serialising is not enough (dML saw no-graph Linear fail at 3+ threads even
-// serialised), so it takes the graph path while more than one stream is
-// active (Note [MPS active streams]), or always with MPS_FORCE_GRAPH_PATH=1.
+// dML (github.com/dropbox/dML) found MPS kernels that fail when encoded from
+// several threads at once even with per-thread kernel objects, queues and
+// command buffers: the shared state is inside Apple's framework, per kernel
+// class. Each such family gets one process-wide lock, held only around its
+// encoding (SerializedEncode); other ops and MPSGraph paths take none.
+// Serialising is not enough for no-graph nn.Linear (dML saw it fail at 3+
+// threads even serialised), so ops with an MPSGraph implementation (Linear,
+// LayerNorm) take the graph path while more than one stream is active
+// (Note [MPS active streams]), or always with MPS_FORCE_GRAPH_PATH=1.
 //
 // Lock order: family locks are taken inside the serial section, after
 // commandBuffer()/commandEncoder(), in increasing RacyKernelFamily order
-// (checked at run time). Under a family lock only a cached kernel's encode
-// lock (Note [MPS graph and kernel caches]) and the stream's own locks may be
-// taken.
+// (checked at run time). Under one only a cached kernel's encode lock
+// (Note [MPS graph and kernel caches]) and the stream's own locks are taken.
 enum class RacyKernelFamily : uint8_t {
   kMatrixMultiplication, // no-graph nn.Linear, tiled bmm
   kLayerNormKernel, // LayerNorm forward Metal kernel
@@ -39,7 +36,6 @@ constexpr int kRacyKernelFamilies = 5;
 
 TORCH_API const char* racyKernelFamilyName(RacyKernelFamily family);
 
-// Holds `family`'s process-wide lock for its scope.
 class TORCH_API SerializedEncode {
  public:
   explicit SerializedEncode(RacyKernelFamily family);
@@ -59,7 +55,7 @@ inline constexpr EnvSwitch kForceGraphPathSwitch{
 
 enum class GraphPathMode { kAuto, kForce };
 
-// Parses MPS_FORCE_GRAPH_PATH's value (nullptr: unset).
+// `value` of MPS_FORCE_GRAPH_PATH, nullptr if unset.
 TORCH_API GraphPathMode parseGraphPathMode(const char* value);
 
 inline bool preferGraphPath(GraphPathMode mode, int active_streams) {

@@ -14,34 +14,29 @@ namespace at::mps {
 
 // Note [MPS graph and kernel caches]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Apple documents that an MPSKernel must never be encoded from two threads at
-// once, and says nothing about MPSGraph; with a stream per thread, two streams
-// can reach one cached object at the same moment. MPSGraphCache and
-// MPSKernelCache therefore keep one shared object per key, created once
-// (Note [MPS create-once cache]), and an encode lock per entry that every
-// encode of the object holds: encodes of one object are serialised, of
-// different objects run in parallel. Per-thread caches would build, compile
-// and keep every graph once per thread.
+// Apple forbids encoding one MPSKernel from two threads at once (MPSGraph is
+// undocumented), and streams on different threads can reach one cached
+// object together. So MPSGraphCache and MPSKernelCache keep one object per
+// key, created once (Note [MPS create-once cache]), with an encode lock that
+// every encode of it holds: one object's encodes serialise, different
+// objects' run in parallel (per-thread caches would build, compile and keep
+// every graph per thread). Entries are also indexed by object address, as
+// encoders usually hold only the raw object (runMPSGraph gets an MPSGraph*);
+// an object not from the cache gets a no-op guard. EncodeGuard is re-entrant
+// per thread, so two layers of the encoding path may both guard one encode.
 //
-// Encoders usually hold only the raw object (runMPSGraph gets an MPSGraph*),
-// so entries are also indexed by their object's address; an object not from
-// the cache gets a guard that locks nothing. EncodeGuard is re-entrant per
-// thread, so two layers of the encoding path may both guard one encode.
-//
-// Lock order: a graph's encode lock is taken before its stream's serial
-// section (runMPSGraph), a kernel's inside it, after any family lock
+// Lock order: a graph's encode lock before its stream's serial section
+// (runMPSGraph); a kernel's inside it, after any family lock
 // (Note [MPS Apple framework workarounds]). Under an encode lock only the
 // stream's own locks (serial section, command-buffer lifecycle, encoder
 // gate) are taken, never another encode lock or a family lock.
 struct EncodeLock {
   Mutex mu;
-  // Written only by the holder, so a relaxed load reads the caller's own id
-  // iff it is the holder.
+  // Written only by the holder: a relaxed load sees our id iff we hold it.
   std::atomic<std::thread::id> holder{};
 };
 
-// Holds an EncodeLock for its scope unless it is null or already held by the
-// calling thread; that condition is beyond the analysis.
+// Holds `lock` unless null or held by this thread (beyond the analysis).
 class EncodeGuard {
  public:
   explicit EncodeGuard(EncodeLock* lock) MPS_NO_THREAD_SAFETY_ANALYSIS {
@@ -70,7 +65,6 @@ class EncodeGuard {
 template <typename T>
 class ObjectCache {
  public:
-  // The address encoders pass around for a cached object.
   using IdentityFn = const void* (*)(const T&);
 
   class Entry {
@@ -125,7 +119,6 @@ class ObjectCache {
     return entry != nullptr ? *entry : nullptr;
   }
 
-  // The guard every encode of the object `identity` holds.
   EncodeGuard encodeGuard(const void* identity) const {
     Entry* entry = findByIdentity(identity);
     return EncodeGuard(entry != nullptr ? &entry->encode_lock_ : nullptr);

@@ -16,22 +16,19 @@ namespace at::mps {
 
 // Note [MPS create-once cache]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// OnceCache maps keys to values made by create() on first request, used by
-// the shader-library and pipeline-state caches and by ObjectCache. For any
-// number of threads:
-//  - create() runs with no lock held, for one key on one thread at a time; a
-//    concurrent request for that key waits for it, other keys proceed.
-//  - Once create() succeeds, its value is the only one ever stored or
-//    returned for the key: no racer's duplicate is built, discarded or leaked
-//    (Metal libraries, pipeline states, MPSGraphs).
-//  - If create() throws, nothing is stored, the exception goes to its caller,
+// Maps keys to values made by create() on first request (shader-library and
+// pipeline-state caches, ObjectCache). For any number of threads:
+//  - create() runs unlocked, for one key on one thread at a time; concurrent
+//    requests for that key wait, other keys proceed.
+//  - A successful create()'s value is the only one ever stored or returned
+//    for its key: no racer builds, discards or leaks a duplicate (Metal
+//    libraries, pipeline states, MPSGraphs).
+//  - If create() throws, nothing is stored, its caller gets the exception,
 //    and a waiting (or the next) request runs create() again.
 //  - create() requesting its own key raises instead of waiting for itself.
-//  - Values never move and are never removed: references stay valid for the
-//    cache's lifetime. No eviction, since callers keep raw references past
-//    the lookup.
-// Keys are spread over independently locked shards so that hits on different
-// keys do not contend on one mutex.
+//  - Values never move and are never removed (no eviction): callers keep
+//    raw references past the lookup.
+// Independently locked shards keep hits on different keys from contending.
 template <typename Key, typename Value, typename Hash = std::hash<Key>>
 class OnceCache {
  public:
@@ -85,8 +82,7 @@ class OnceCache {
     return &*it->second->value;
   }
 
-  // Calls fn(key, value) for every created value under its shard's lock: fn
-  // must not call back into this cache.
+  // Runs fn(key, value) under the shard lock: fn must not re-enter the cache.
   template <typename Fn>
   void forEach(Fn&& fn) const {
     for (const Shard& shard : shards_) {
@@ -114,8 +110,7 @@ class OnceCache {
   };
 
   Shard& shardFor(const Key& key) const {
-    // Fibonacci hashing: the top bits mix every input bit, also for pointer
-    // keys whose low bits are constant.
+    // Fibonacci hashing: top bits mix all bits, even for pointer keys.
     const uint64_t h =
         static_cast<uint64_t>(Hash{}(key)) * 0x9E3779B97F4A7C15ull;
     return shards_[h >> (64 - kShardBits)];

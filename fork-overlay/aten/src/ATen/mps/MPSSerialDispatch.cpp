@@ -2,7 +2,7 @@
 
 namespace at::mps {
 
-// Defined here, not inline in the header, so that every library sees one chain.
+// Not inline in the header, so that every library sees one chain.
 static thread_local const SerialSection* tls_innermost_section = nullptr;
 
 SerialSection::SerialSection(

@@ -10,26 +10,23 @@ namespace at::mps {
 
 // Note [MPS serial sections]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Every MPS stream encodes inside its serial section: blocks run with
-// dispatch_sync on the stream's serial queue. dispatchSyncWithRethrow adds:
-//  - Exceptions. A C++ exception must not unwind through libdispatch, so it
+// Each MPS stream encodes inside its serial section: blocks dispatch_sync'd
+// onto its serial queue. dispatchSyncWithRethrow adds:
+//  - Exceptions: a C++ exception must not unwind through libdispatch, so it
 //    is caught on the queue and rethrown in the caller.
-//  - Re-entry. dispatch_sync onto a queue whose block is already running up
-//    the call chain deadlocks. A chain of SerialSections records the queues
-//    the current call is inside, and a dispatch onto any of them runs inline.
-//    The chain follows the logical call, not the thread: a block's section
-//    links to the sections of the thread that dispatched it, so the answer
-//    does not depend on which thread libdispatch runs the block on. Sections
-//    live on the stack and a dispatching thread blocks until its block
-//    returns, so every section outlives those linked below it.
-// Code entering a queue by other means (its own dispatch_sync) should open a
-// SerialSection for it inside its block.
+//  - Re-entry: dispatch_sync onto a queue whose block runs up the call chain
+//    deadlocks, so a chain of SerialSections records the queues the call is
+//    in and a dispatch onto any of them runs inline. The chain follows the
+//    logical call, whichever thread libdispatch picks: a block's section
+//    links to its dispatcher's. Sections live on the stack and a dispatcher
+//    blocks until its block returns, so each outlives those linked below it.
+// Code entering a queue otherwise (own dispatch_sync) opens a SerialSection
+// inside its block.
 class TORCH_API SerialSection {
  public:
-  // Nested in the calling thread's sections.
   explicit SerialSection(const void* queue) noexcept
       : SerialSection(queue, innermost()) {}
-  // Nested in `outer`, the chain of the thread that dispatched this block.
+  // `outer`: the chain of the thread that dispatched this block.
   SerialSection(const void* queue, const SerialSection* outer) noexcept;
   ~SerialSection();
   SerialSection(const SerialSection&) = delete;
@@ -44,9 +41,8 @@ class TORCH_API SerialSection {
   const SerialSection* const saved_; // this thread's chain before this one
 };
 
-// Runs fn() in `queue`'s serial section and rethrows its exception here.
-// dispatch(context, work) must run work(context) synchronously on the queue
-// (dispatch_sync_f); fn() runs inline when already in the section.
+// Runs fn() in `queue`'s serial section (inline if already in it), rethrowing
+// here. dispatch(ctx, work) must behave as dispatch_sync_f(queue, ctx, work).
 template <typename Dispatch, typename Fn>
 void dispatchSyncWithRethrow(const void* queue, Dispatch&& dispatch, Fn&& fn) {
   if (SerialSection::isActive(queue)) {

@@ -12,18 +12,15 @@ namespace at::mps {
 
 // Note [MPS active streams]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
-// Each stream calls noteEncoding(its pool slot) when it encodes;
-// activeStreams() counts the slots that did so within the last kWindowMs.
-// Encodes are counted rather than leases because a thread keeps its lease
-// while idle (thread pools), and because leases sit behind the pool mutex
-// while this is lock-free: a relaxed load and, at most once per millisecond,
-// a relaxed store to the stream's own cache line.
-//
-// The count is a recent-past estimate, not a lock: a stream that starts
-// encoding just after a read is not in it, so decisions that must not overlap
-// other encoding also need a lock (the family locks of
-// Note [MPS Apple framework workarounds]). The 1 s window spans the
-// host-side pauses of a busy thread.
+// A stream calls noteEncoding(its pool slot) when it encodes; activeStreams()
+// counts slots noted within the last kWindowMs (1 s, spanning a busy thread's
+// host-side pauses). Encodes are counted, not leases: an idle thread keeps
+// its lease (thread pools), and leases sit behind the pool mutex while this
+// is lock-free (a relaxed load and, at most once per ms, a relaxed store to
+// the stream's own cache line). The count is a recent-past estimate, not a
+// lock: a stream starting just after a read is missed, so decisions that
+// must not overlap other encoding also need a lock (the family locks of
+// Note [MPS Apple framework workarounds]).
 class TORCH_API StreamActivity {
  public:
   using Clock = std::chrono::steady_clock;
@@ -37,8 +34,7 @@ class TORCH_API StreamActivity {
     }
   }
 
-  // Streams that noted an encode within the window ending at `now`; a stamp
-  // later than `now` (another thread's clock read) counts.
+  // A stamp later than `now` (another thread's clock read) counts.
   int activeStreams(Clock::time_point now = Clock::now()) const;
 
  private:
@@ -54,7 +50,6 @@ class TORCH_API StreamActivity {
   static constexpr int64_t kWindowMs = 1000;
 };
 
-// The process-wide instance that MPS streams report to.
 TORCH_API StreamActivity& streamActivity();
 
 } // namespace at::mps

@@ -1,5 +1,4 @@
-// The MPS kernel of aten::record_stream, registered here so that
-// native_functions.yaml stays as it is.
+// aten::record_stream for MPS, registered here to leave native_functions.yaml as it is.
 
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
@@ -9,8 +8,7 @@
 namespace at::native {
 namespace {
 
-// As on CUDA, `self`'s memory is not reused before the work queued on `stream` has completed; see
-// Note [MPS allocator cross-stream reuse].
+// As on CUDA, `self` is not reused until `stream`'s queued work completes; see Note [MPS allocator cross-stream reuse].
 void record_stream_mps(Tensor& self, c10::Stream stream) {
   TORCH_CHECK(stream.device_type() == c10::DeviceType::MPS,
               "record_stream: expected an MPS stream for an MPS tensor, got ",
