@@ -6,7 +6,6 @@
 #include <ATen/mps/MPSEncoderGate.h>
 #include <ATen/mps/MPSFrameworkWorkarounds.h>
 #include <ATen/mps/MPSObjectCache.h>
-#include <ATen/mps/MPSOnceCache.h>
 #include <ATen/mps/MPSSerialDispatch.h>
 #include <ATen/mps/MPSStreamActivity.h>
 
@@ -112,8 +111,7 @@ void BM_PreferGraphPathDecision(benchmark::State& state) {
   auto& activity = at::mps::streamActivity();
   const auto index = static_cast<at::mps::StreamIndex>(state.thread_index());
   for (auto _ : state) {
-    benchmark::DoNotOptimize(at::mps::preferGraphPath(
-        at::mps::GraphPathMode::kAuto, activity, index));
+    benchmark::DoNotOptimize(at::mps::preferGraphPath(false, activity, index));
   }
 }
 BENCHMARK(BM_PreferGraphPathDecision)->Threads(1)->Threads(2);
@@ -176,7 +174,7 @@ BENCHMARK(BM_DispatchSyncWithRethrow);
 
 void BM_DispatchSyncWithRethrowReentry(benchmark::State& state) {
   int n = 0;
-  at::mps::SerialSection section(queue_mu);
+  at::mps::SerialSection section(queue_mu, at::mps::SerialSection::innermost());
   for (auto _ : state) {
     at::mps::dispatchSyncWithRethrow(
         queue_mu, dispatchOnMutexQueue, [&] { benchmark::DoNotOptimize(++n); });

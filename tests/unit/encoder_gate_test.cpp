@@ -25,7 +25,6 @@ using harness::getWithin;
 using at::mps::computeEncoderGate;
 using at::mps::EncoderLifecycleGate;
 using at::mps::GatedEncoderOps;
-using at::mps::kSerializeComputeEncodersSwitch;
 using at::mps::SyncType;
 using namespace std::chrono_literals;
 
@@ -95,33 +94,22 @@ TEST(EncoderGateTest, ReturnsTheResultAndReleasesTheGateOnException) {
   EXPECT_EQ(gate.run([] { return 6; }), 6);
 }
 
-TEST(EncoderGateTest, ReadsTheVariableOnceOnFirstUse) {
+// The process gate is made once per process, so one test follows its life;
+// no other test here may call computeEncoderGate().
+TEST(EncoderGateTest, ProcessGateRejectsMalformedValuesThenReadsOnce) {
   {
-    harness::ScopedEnv env(kVar, "1");
-    EncoderLifecycleGate gate(kSerializeComputeEncodersSwitch);
-    EXPECT_TRUE(gate.enabled());
-    harness::ScopedEnv later(kVar, "0");
-    EXPECT_TRUE(gate.enabled());
+    harness::ScopedEnv env(kVar, "on");
+    EXPECT_TORCH_ERROR(
+        computeEncoderGate(), "MPS_SERIALIZE_COMPUTE_ENCODERS='on'");
+    EXPECT_TORCH_ERROR(
+        computeEncoderGate(), "Accepted values: 1 (create and end");
   }
-  for (const char* off : {"0", "", static_cast<const char*>(nullptr)}) {
-    harness::ScopedEnv env(kVar, off);
-    EncoderLifecycleGate gate(kSerializeComputeEncodersSwitch);
-    EXPECT_FALSE(gate.enabled());
-    EXPECT_EQ(gate.run([] { return 1; }), 1);
-  }
-}
-
-TEST(EncoderGateTest, MalformedValueFailsEveryUseNamingTheVariable) {
-  harness::ScopedEnv env(kVar, "on");
-  EncoderLifecycleGate gate(kSerializeComputeEncodersSwitch);
-  EXPECT_TORCH_ERROR(gate.run([] {}), "MPS_SERIALIZE_COMPUTE_ENCODERS='on'");
-  EXPECT_TORCH_ERROR(gate.enabled(), "Accepted values: 1 (create and end");
-}
-
-TEST(EncoderGateTest, ProcessGateIsOffByDefault) {
   harness::ScopedEnv env(kVar, nullptr);
-  EXPECT_FALSE(computeEncoderGate().enabled());
-  EXPECT_EQ(&computeEncoderGate(), &computeEncoderGate());
+  EncoderLifecycleGate& gate = computeEncoderGate();
+  EXPECT_FALSE(gate.enabled());
+  harness::ScopedEnv later(kVar, "1");
+  EXPECT_EQ(&computeEncoderGate(), &gate);
+  EXPECT_FALSE(gate.enabled());
 }
 
 // Counts encoder lifecycle transitions in flight across every stream.

@@ -10,7 +10,6 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,28 +18,13 @@ namespace {
 
 using harness::getWithin;
 
-using at::mps::GraphPathMode;
-using at::mps::kRacyKernelFamilies;
-using at::mps::parseGraphPathMode;
 using at::mps::preferGraphPath;
 using at::mps::preferGraphPathNow;
 using at::mps::RacyKernelFamily;
-using at::mps::racyKernelFamilyName;
 using at::mps::SerializedEncode;
 using at::mps::StreamActivity;
 using at::mps::streamActivity;
 using namespace std::chrono_literals;
-
-TEST(FamilyLockTest, EveryFamilyHasItsOwnName) {
-  std::set<std::string> names;
-  for (int i = 0; i < kRacyKernelFamilies; ++i) {
-    names.insert(racyKernelFamilyName(static_cast<RacyKernelFamily>(i)));
-  }
-  EXPECT_EQ(names.size(), static_cast<size_t>(kRacyKernelFamilies));
-  EXPECT_STREQ(
-      racyKernelFamilyName(RacyKernelFamily::kMatrixMultiplication),
-      "MPSNDArrayMatrixMultiplication");
-}
 
 // Models the framework-internal state of one kernel class: a second
 // concurrent encoder is a failure.
@@ -101,11 +85,11 @@ TEST(FamilyLockTest, NestedFamiliesMustFollowTheDeclaredOrder) {
     SerializedEncode solve(RacyKernelFamily::kMatrixSolveLU);
     EXPECT_TORCH_ERROR(
         SerializedEncode lu(RacyKernelFamily::kMatrixDecompositionLU),
-        "'MPSMatrixDecompositionLU' taken while holding the same or a later");
+        "lock 2 (a RacyKernelFamily index) taken while holding the same");
     // The same family twice is reported too, instead of self-deadlocking.
     EXPECT_TORCH_ERROR(
         SerializedEncode again(RacyKernelFamily::kMatrixSolveLU),
-        "'MPSMatrixSolveLU' taken while holding");
+        "lock 3 (a RacyKernelFamily index) taken while holding");
   }
   // The failed attempts left nothing held.
   auto other = std::async(std::launch::async, [] {
@@ -115,40 +99,32 @@ TEST(FamilyLockTest, NestedFamiliesMustFollowTheDeclaredOrder) {
   getWithin(other);
 }
 
-TEST(GraphPathTest, ParsesMpsForceGraphPathStrictly) {
-  EXPECT_EQ(parseGraphPathMode(nullptr), GraphPathMode::kAuto);
-  EXPECT_EQ(parseGraphPathMode(""), GraphPathMode::kAuto);
-  EXPECT_EQ(parseGraphPathMode("0"), GraphPathMode::kAuto);
-  EXPECT_EQ(parseGraphPathMode("1"), GraphPathMode::kForce);
-  EXPECT_TORCH_ERROR(
-      parseGraphPathMode("true"), "MPS_FORCE_GRAPH_PATH='true' is not valid");
-  EXPECT_TORCH_ERROR(
-      parseGraphPathMode("2"), "1 (always use the MPSGraph path");
-}
-
-TEST(GraphPathTest, GraphPathWhileMoreThanOneStreamIsActiveOrWhenForced) {
-  EXPECT_FALSE(preferGraphPath(GraphPathMode::kAuto, 0));
-  EXPECT_FALSE(preferGraphPath(GraphPathMode::kAuto, 1));
-  EXPECT_TRUE(preferGraphPath(GraphPathMode::kAuto, 2));
-  EXPECT_TRUE(preferGraphPath(GraphPathMode::kForce, 1));
-}
-
 TEST(
     GraphPathTest,
     DecisionCountsTheCallersStreamAndOthersThatEncodedRecently) {
   const auto t0 = StreamActivity::Clock::time_point{} + 3600s;
   StreamActivity activity;
-  EXPECT_FALSE(preferGraphPath(GraphPathMode::kAuto, activity, 0, t0));
-  EXPECT_TRUE(preferGraphPath(GraphPathMode::kForce, activity, 0, t0));
+  EXPECT_FALSE(preferGraphPath(false, activity, 0, t0));
+  EXPECT_TRUE(preferGraphPath(true, activity, 0, t0));
   activity.noteEncoding(5, t0 + 1ms); // a worker stream starts encoding
-  EXPECT_TRUE(preferGraphPath(GraphPathMode::kAuto, activity, 0, t0 + 2ms));
-  EXPECT_TRUE(preferGraphPath(GraphPathMode::kAuto, activity, 5, t0 + 3ms));
+  EXPECT_TRUE(preferGraphPath(false, activity, 0, t0 + 2ms));
+  EXPECT_TRUE(preferGraphPath(false, activity, 5, t0 + 3ms));
   // The worker went quiet; the main stream keeps encoding.
-  EXPECT_FALSE(preferGraphPath(GraphPathMode::kAuto, activity, 0, t0 + 1500ms));
+  EXPECT_FALSE(preferGraphPath(false, activity, 0, t0 + 1500ms));
 }
 
-TEST(GraphPathTest, ProcessDecisionUsesTheProcessActivity) {
+// MPS_FORCE_GRAPH_PATH is read once per process, so one test follows its life;
+// no other test here may call preferGraphPathNow().
+TEST(GraphPathTest, ProcessDecisionRejectsMalformedValuesThenReadsOnce) {
+  for (const char* bad : {"true", "2", " 1"}) {
+    harness::ScopedEnv env("MPS_FORCE_GRAPH_PATH", bad);
+    EXPECT_TORCH_ERROR(
+        preferGraphPathNow(2),
+        std::string("MPS_FORCE_GRAPH_PATH='") + bad + "' is not valid");
+  }
   harness::ScopedEnv env("MPS_FORCE_GRAPH_PATH", nullptr);
+  EXPECT_FALSE(preferGraphPathNow(2));
+  harness::ScopedEnv later("MPS_FORCE_GRAPH_PATH", "1");
   EXPECT_FALSE(preferGraphPathNow(2));
   EXPECT_GE(streamActivity().activeStreams(), 1);
   streamActivity().noteEncoding(9);

@@ -4,7 +4,7 @@
 
 #include "harness.h"
 
-#include <ATen/mps/MPSOnceCache.h>
+#include <ATen/mps/MPSObjectCache.h>
 
 #include <atomic>
 #include <chrono>

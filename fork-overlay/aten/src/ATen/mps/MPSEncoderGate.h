@@ -3,10 +3,7 @@
 #include <ATen/mps/MPSEnvSwitch.h>
 #include <ATen/mps/MPSThreadAnnotations.h>
 #include <c10/macros/Export.h>
-#include <c10/macros/Macros.h>
 
-#include <atomic>
-#include <cstdint>
 #include <utility>
 
 namespace at::mps {
@@ -26,28 +23,23 @@ inline constexpr EnvSwitch kSerializeComputeEncodersSwitch{
 // through run() (GatedEncoderOps, MPSGraph encodes) hold one process-wide
 // mutex. Encoding into an open encoder is not gated, so streams still encode
 // in parallel and the gate narrows the race rather than excluding it. Off
-// (default), run() costs one relaxed load. The variable is read on first use;
-// a malformed value raises from every use (Note [MPS environment switches]).
+// (default), run() costs one branch. The variable is read on first use; a
+// malformed value raises from every use (Note [MPS environment switches]).
 //
 // The mutex is a leaf lock: fn() must not enter a serial section, a
 // command-buffer lifecycle lock or the gate, so callers evaluate
 // commandBuffer()/commandEncoder() before run().
 class TORCH_API EncoderLifecycleGate {
  public:
-  constexpr explicit EncoderLifecycleGate(const EnvSwitch& sw)
-      : switch_(&sw), state_(kUnknown) {}
-  // Fixed state, for tools and tests.
-  explicit EncoderLifecycleGate(bool enabled)
-      : switch_(nullptr), state_(enabled ? kOn : kOff) {}
+  explicit EncoderLifecycleGate(bool enabled) : enabled_(enabled) {}
 
-  bool enabled() {
-    const uint8_t state = state_.load(std::memory_order_relaxed);
-    return (C10_LIKELY(state != kUnknown) ? state : resolve()) == kOn;
+  bool enabled() const {
+    return enabled_;
   }
 
   template <typename Fn>
   decltype(auto) run(Fn&& fn) MPS_EXCLUDES(mu_) {
-    if (!enabled()) {
+    if (!enabled_) {
       return std::forward<Fn>(fn)();
     }
     MutexLock lock(mu_);
@@ -55,13 +47,7 @@ class TORCH_API EncoderLifecycleGate {
   }
 
  private:
-  enum : uint8_t { kUnknown, kOff, kOn };
-
-  // Reads the switch; racing first uses store the same result.
-  uint8_t resolve();
-
-  const EnvSwitch* const switch_;
-  std::atomic<uint8_t> state_;
+  const bool enabled_;
   Mutex mu_;
 };
 

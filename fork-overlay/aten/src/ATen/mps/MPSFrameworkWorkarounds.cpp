@@ -1,7 +1,6 @@
 #include <ATen/mps/MPSFrameworkWorkarounds.h>
 
 #include <array>
-#include <cstdlib>
 
 namespace at::mps {
 
@@ -15,31 +14,15 @@ std::array<Mutex, kRacyKernelFamilies>& familyLocks() {
 thread_local uint32_t tls_held_families = 0;
 } // namespace
 
-const char* racyKernelFamilyName(RacyKernelFamily family) {
-  switch (family) {
-    case RacyKernelFamily::kMatrixMultiplication:
-      return "MPSNDArrayMatrixMultiplication";
-    case RacyKernelFamily::kLayerNormKernel:
-      return "LayerNorm Metal kernel";
-    case RacyKernelFamily::kMatrixDecompositionLU:
-      return "MPSMatrixDecompositionLU";
-    case RacyKernelFamily::kMatrixSolveLU:
-      return "MPSMatrixSolveLU";
-    case RacyKernelFamily::kMatrixSolveTriangular:
-      return "MPSMatrixSolveTriangular";
-  }
-  return "unknown";
-}
-
 // A lock chosen at run time defeats the analysis; the order is checked here.
 SerializedEncode::SerializedEncode(RacyKernelFamily family)
     MPS_NO_THREAD_SAFETY_ANALYSIS : index_(static_cast<int>(family)) {
   TORCH_INTERNAL_ASSERT(
       (tls_held_families >> index_) == 0,
-      "MPS kernel-family lock '",
-      racyKernelFamilyName(family),
-      "' taken while holding the same or a later family's lock; see Note "
-      "[MPS Apple framework workarounds] for the order");
+      "MPS kernel-family lock ",
+      index_,
+      " (a RacyKernelFamily index) taken while holding the same or a later "
+      "family's lock; see Note [MPS Apple framework workarounds] for the order");
   familyLocks()[index_].lock();
   tls_held_families |= uint32_t{1} << index_;
 }
@@ -49,26 +32,20 @@ SerializedEncode::~SerializedEncode() MPS_NO_THREAD_SAFETY_ANALYSIS {
   familyLocks()[index_].unlock();
 }
 
-GraphPathMode parseGraphPathMode(const char* value) {
-  return parseEnvSwitch(kForceGraphPathSwitch, value).value_or(false)
-      ? GraphPathMode::kForce
-      : GraphPathMode::kAuto;
-}
-
 bool preferGraphPath(
-    GraphPathMode mode,
+    bool force,
     StreamActivity& activity,
     StreamIndex current,
     StreamActivity::Clock::time_point now) {
   activity.noteEncoding(current, now);
-  return preferGraphPath(mode, activity.activeStreams(now));
+  return force || activity.activeStreams(now) > 1;
 }
 
 bool preferGraphPathNow(StreamIndex current) {
   // A malformed value throws here, and again on the next call.
-  static const GraphPathMode mode =
-      parseGraphPathMode(std::getenv(kForceGraphPathSwitch.name));
-  return preferGraphPath(mode, streamActivity(), current);
+  static const bool force =
+      readEnvSwitch(kForceGraphPathSwitch).value_or(false);
+  return preferGraphPath(force, streamActivity(), current);
 }
 
 } // namespace at::mps

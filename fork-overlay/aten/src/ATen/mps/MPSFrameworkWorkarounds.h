@@ -34,8 +34,6 @@ enum class RacyKernelFamily : uint8_t {
 };
 constexpr int kRacyKernelFamilies = 5;
 
-TORCH_API const char* racyKernelFamilyName(RacyKernelFamily family);
-
 class TORCH_API SerializedEncode {
  public:
   explicit SerializedEncode(RacyKernelFamily family);
@@ -53,18 +51,10 @@ inline constexpr EnvSwitch kForceGraphPathSwitch{
     "use it while more than one stream is active",
     "use it while more than one stream is active"};
 
-enum class GraphPathMode { kAuto, kForce };
-
-// `value` of MPS_FORCE_GRAPH_PATH, nullptr if unset.
-TORCH_API GraphPathMode parseGraphPathMode(const char* value);
-
-inline bool preferGraphPath(GraphPathMode mode, int active_streams) {
-  return mode == GraphPathMode::kForce || active_streams > 1;
-}
-
-// Notes `current` in `activity` first, so the caller's stream always counts.
+// True if `force` or more than one stream is active. Notes `current` in
+// `activity` first, so the caller's stream always counts.
 TORCH_API bool preferGraphPath(
-    GraphPathMode mode,
+    bool force,
     StreamActivity& activity,
     StreamIndex current,
     StreamActivity::Clock::time_point now = StreamActivity::Clock::now());

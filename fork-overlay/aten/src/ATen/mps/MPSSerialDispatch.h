@@ -24,8 +24,6 @@ namespace at::mps {
 // inside its block.
 class TORCH_API SerialSection {
  public:
-  explicit SerialSection(const void* queue) noexcept
-      : SerialSection(queue, innermost()) {}
   // `outer`: the chain of the thread that dispatched this block.
   SerialSection(const void* queue, const SerialSection* outer) noexcept;
   ~SerialSection();
