@@ -14,6 +14,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -42,6 +43,9 @@ class SimAllocatorBackend : public at::mps::AllocatorBackend {
     return buffer.get();
   }
   void release(int, void* buffer) override {
+    if (on_release) {
+      on_release();
+    }
     // The allocator releases only memory the GPU is done with.
     if (gpuReferenced(buffer)) {
       device_.violation("allocator released a buffer still held by the GPU");
@@ -92,6 +96,7 @@ class SimAllocatorBackend : public at::mps::AllocatorBackend {
   }
   // Set before the allocator is shared between threads.
   std::function<void()> on_allocation_failed;
+  std::function<void()> on_release;
 
  private:
   Device& device_;
@@ -140,14 +145,27 @@ class SimTimelines : public at::mps::StreamTimelines {
       at::mps::StreamIndex s,
       uint64_t value,
       std::function<void()> fn) override {
+    handlers_->registered.fetch_add(1);
     pool_.stream(s).lifecycle().addTimelineHandler(
         value,
-        [fn = std::move(fn)](const at::mps::CompletionStatus&) { fn(); });
+        [handlers = handlers_,
+         fn = std::move(fn)](const at::mps::CompletionStatus&) {
+          fn();
+          handlers->run.fetch_add(1);
+        });
   }
   void waitFor(at::mps::StreamIndex s, uint64_t value) override {
     SimStream& stream = pool_.stream(s);
     stream.synchronize(at::mps::SyncType::COMMIT);
     stream.lifecycle().waitForCommitPoint(value);
+  }
+
+  // Completion handlers asked for by the allocator / run so far.
+  uint64_t handlersRegistered() const {
+    return handlers_->registered.load();
+  }
+  uint64_t handlersRun() const {
+    return handlers_->run.load();
   }
 
   // Blocks until every requested commit has been made.
@@ -176,6 +194,13 @@ class SimTimelines : public at::mps::StreamTimelines {
     }
   }
 
+  // Shared with the handlers, which may outlive the timelines.
+  struct HandlerCounts {
+    std::atomic<uint64_t> registered{0};
+    std::atomic<uint64_t> run{0};
+  };
+  const std::shared_ptr<HandlerCounts> handlers_ =
+      std::make_shared<HandlerCounts>();
   SimStreamPool& pool_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -8,6 +8,8 @@
 #include <ATen/mps/MPSEventCore.h>
 
 #include <chrono>
+#include <mutex>
+#include <vector>
 
 namespace sim {
 
@@ -19,9 +21,16 @@ class SimEventBackend {
   explicit SimEventBackend(Device& device) : device_(device) {}
 
   Handle makeEvent() {
-    return device_.newSharedEvent();
+    Handle h = device_.newSharedEvent();
+    std::lock_guard<std::mutex> lock(mu_);
+    made_.push_back(h);
+    return h;
   }
-  void releaseEvent(const Handle&) {} // shared ownership in the simulator
+  // Shared ownership in the simulator: only counted.
+  void releaseEvent(const Handle&) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++released_;
+  }
   uint64_t signaledValue(const Handle& h) {
     return h->signaledValue();
   }
@@ -50,8 +59,21 @@ class SimEventBackend {
         .count();
   }
 
+  // Every event made so far, in order, and how many were released.
+  std::vector<Handle> made() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return made_;
+  }
+  size_t released() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return released_;
+  }
+
  private:
   Device& device_;
+  std::mutex mu_;
+  std::vector<Handle> made_;
+  size_t released_ = 0;
 };
 
 using SimEvent = at::mps::StreamEvent<SimEventBackend>;

@@ -14,12 +14,65 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <vector>
+
+namespace at::mps {
+
+// Where the cached bytes are, counted under each container's lock. Slow.
+struct AllocatorCensus {
+  int64_t stream_cached_bytes = 0; // in per-stream caches
+  int64_t free_bytes = 0; // in pools' free sets
+  int64_t pending_bytes = 0; // waiting on fences
+  int64_t blocks = 0; // blocks in any of those
+};
+
+// The core's private state, for the tests.
+struct AllocatorCoreTestPeer {
+  static AllocatorCensus census(CachingAllocatorCore& core) {
+    using Block = CachingAllocatorCore::Block;
+    AllocatorCensus c;
+    const auto count = [&c](int64_t& bytes, const Block* b) {
+      bytes += static_cast<int64_t>(b->size);
+      ++c.blocks;
+    };
+    for (auto& p : core.pools_) {
+      {
+        MutexLock lock(p->mu);
+        for (Block* b : p->free_blocks) {
+          count(c.free_bytes, b);
+        }
+        std::set<Block*> pending;
+        for (const auto& fences : p->fences) {
+          for (const auto& [value, b] : fences) {
+            pending.insert(b);
+          }
+        }
+        for (Block* b : pending) {
+          count(c.pending_bytes, b);
+        }
+      }
+      for (auto& cache : p->caches) {
+        CacheLockGuard lock(cache.mu);
+        for (Block* b : cache.blocks) {
+          count(c.stream_cached_bytes, b);
+        }
+      }
+    }
+    return c;
+  }
+};
+
+} // namespace at::mps
 
 namespace harness {
 
 using AllocatorCore = at::mps::CachingAllocatorCore;
+
+inline at::mps::AllocatorCensus census(AllocatorCore& core) {
+  return at::mps::AllocatorCoreTestPeer::census(core);
+}
 
 // Pools like PyTorch's: hazard-tracked small and large pools, the large one
 // reacting to memory pressure, and an untracked scalar pool that the CPU

@@ -2,6 +2,7 @@
 // and survive concurrent acquire/release/record/query/wait.
 
 #include "SimEvents.h"
+#include "event_peer.h"
 #include "harness.h"
 
 #include <atomic>
@@ -99,7 +100,9 @@ TEST_F(EventCoreTest, ReusedEventNeverRewindsItsValue) {
   auto ev = events_->get(first);
   ev->record(stream(0), true);
   ev->synchronize();
-  const uint64_t signaled = ev->handle()->signaledValue();
+  ASSERT_EQ(backend_->made().size(), 1u);
+  const sim::SharedEventPtr handle = backend_->made()[0];
+  const uint64_t signaled = handle->signaledValue();
   ASSERT_GT(signaled, 0u);
   sim::SimEvent* raw = ev.get();
   ev.reset();
@@ -109,7 +112,7 @@ TEST_F(EventCoreTest, ReusedEventNeverRewindsItsValue) {
   EXPECT_NE(second, first);
   auto again = events_->get(second);
   EXPECT_EQ(again.get(), raw); // the same object, reused
-  EXPECT_EQ(again->id(), second);
+  EXPECT_EQ(at::mps::StreamEventTestPeer::id(*again), second);
   EXPECT_FALSE(again->query()); // not recorded by its new owner
   stream(2).queue().pause();
   again->record(stream(2), true);
@@ -117,7 +120,7 @@ TEST_F(EventCoreTest, ReusedEventNeverRewindsItsValue) {
   EXPECT_TRUE(again->wait(stream(1), true));
   stream(2).queue().resume();
   again->synchronize();
-  EXPECT_GT(again->handle()->signaledValue(), signaled);
+  EXPECT_GT(handle->signaledValue(), signaled);
 }
 
 TEST_F(EventCoreTest, MetalIgnoresTheRewindThatV291Wrote) {
@@ -161,8 +164,8 @@ TEST_F(EventCoreTest, NotificationAfterReleaseTouchesNoReleasedEvent) {
     ev->record(stream(0), true); // timing notification still pending
   }
   events_->release(id);
-  events_->emptyCache(); // the event object is destroyed
-  EXPECT_EQ(events_->cached(), 0u);
+  events_->emptyCache();
+  EXPECT_EQ(backend_->released(), 1u) << "the event object is destroyed";
   stream(0).queue().resume(); // the notification fires now (ASan checks)
   stream(0).synchronize(SyncType::COMMIT_AND_WAIT);
   device().waitIdle();
@@ -206,7 +209,8 @@ TEST_F(EventCoreTest, ConcurrentAcquireRecordWaitQueryRelease) {
     th.join();
   }
   EXPECT_EQ(errors.load(), 0);
-  EXPECT_EQ(events_->inUse(), 0u);
+  events_->emptyCache(); // destroys the events back in the pool: all of them
+  EXPECT_EQ(backend_->released(), backend_->made().size());
 }
 
 } // namespace

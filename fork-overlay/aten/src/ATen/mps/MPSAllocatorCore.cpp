@@ -1,9 +1,9 @@
 #include <ATen/mps/MPSAllocatorCore.h>
 
+#include <c10/core/Allocator.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <utility>
 
 namespace at::mps {
@@ -25,9 +25,9 @@ namespace at::mps {
 // (allocate/release: Pool::mu; gpuReferenced: pool or cache lock; onFree:
 // Shard::mu) and must not call back into the allocator or into streams.
 //
-// Stats: device-memory counts are atomics (slow path only). Fast-path counts
-// sit in the stream cache under the lock taken anyway, elsewhere in atomics;
-// stats() sums them (a cross-counter free skews both, never the sum).
+// Stats: device-memory counts are atomics (slow path only). The in-use count
+// sits in the stream cache under the lock taken anyway, elsewhere in an
+// atomic; stats() sums them (a cross-counter free skews both, never the sum).
 
 // Note [MPS allocator block ownership]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -77,28 +77,6 @@ T fetchMax(std::atomic<T>& a, T v) {
   while (v > cur && !a.compare_exchange_weak(cur, v)) {
   }
   return cur;
-}
-
-std::string formatBytes(int64_t bytes) {
-  const char* units[] = {"bytes", "KiB", "MiB", "GiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (unit < 3 && (value >= 1024.0 || value <= -1024.0)) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.2f %s", value, units[unit]);
-  return text;
-}
-
-void checkStream(StreamIndex stream) {
-  TORCH_CHECK(
-      stream >= 0 && stream < kStreamsPerPool,
-      "MPS allocator: stream=",
-      stream,
-      " is not a stream index, expected 0 <= stream < ",
-      kStreamsPerPool);
 }
 
 void insertBlock(CachingAllocatorCore::BlockSet& set, Block* b) {
@@ -163,7 +141,7 @@ void* CachingAllocatorCore::malloc(int pool, size_t size, StreamIndex stream) {
       pool,
       " is out of range, expected 0 <= pool < ",
       pools_.size());
-  checkStream(stream);
+  checkStreamIndex(stream);
   TORCH_CHECK(size > 0, "MPS allocator: malloc() of size 0");
   Pool& p = *pools_[pool];
   const bool pressure =
@@ -202,7 +180,6 @@ void CachingAllocatorCore::free(const void* key) {
     b->fence = fence;
     b->cached_at = now;
     insertBlock(cache.blocks, b);
-    ++cache.frees;
     cache.allocated_bytes -= static_cast<int64_t>(size);
     // This stream's bit changes only under its cache lock, held here.
     if (!(p.cached_streams.load(std::memory_order_relaxed) & bit(stream))) {
@@ -215,7 +192,6 @@ void CachingAllocatorCore::free(const void* key) {
   for (StreamIndex s : StreamsIn{uses}) {
     points[s] = timelines_.pendingPoint(s);
   }
-  other_frees_.fetch_add(1, std::memory_order_relaxed);
   other_allocated_bytes_.fetch_sub(
       static_cast<int64_t>(size), std::memory_order_relaxed);
   {
@@ -236,7 +212,7 @@ void CachingAllocatorCore::free(const void* key) {
 }
 
 void CachingAllocatorCore::recordStream(const void* key, StreamIndex stream) {
-  checkStream(stream);
+  checkStreamIndex(stream);
   Shard& shard = shardFor(key);
   MutexLock lock(shard.mu);
   activeBlockLocked(shard, key, "recordStream()")->uses |= bit(stream);
@@ -276,61 +252,13 @@ AllocatorStats CachingAllocatorCore::stats() const {
   s.reserved_bytes = reserved_bytes_.load();
   s.allocated_bytes = other_allocated_bytes_.load();
   s.pending_bytes = pending_bytes_.load();
-  s.peak_reserved_bytes = peak_reserved_bytes_.load();
-  s.blocks = blocks_.load();
-  s.frees = other_frees_.load();
-  s.cache_hits = other_hits_.load();
-  s.stream_steals = stream_steals_.load();
-  s.device_allocs = device_allocs_.load();
-  s.device_releases = device_releases_.load();
-  s.gc_releases = gc_releases_.load();
-  s.oom_retries = oom_retries_.load();
-  s.ooms = ooms_.load();
-  s.commit_requests = commit_requests_.load();
-  s.handlers_registered = handlers_registered_.load();
-  s.handlers_run = handlers_run_.load();
   for (const auto& p : pools_) {
     for (auto& cache : p->caches) {
       CacheLockGuard lock(cache.mu);
-      s.cache_hits += cache.hits;
-      s.frees += cache.frees;
       s.allocated_bytes += cache.allocated_bytes;
     }
   }
-  s.mallocs = s.cache_hits + s.device_allocs;
   return s;
-}
-
-AllocatorCensus CachingAllocatorCore::census() {
-  AllocatorCensus c;
-  const auto count = [&c](int64_t& bytes, const Block* b) {
-    bytes += static_cast<int64_t>(b->size);
-    ++c.blocks;
-  };
-  for (auto& p : pools_) {
-    {
-      MutexLock lock(p->mu);
-      for (Block* b : p->free_blocks) {
-        count(c.free_bytes, b);
-      }
-      std::set<Block*> pending;
-      for (const auto& fences : p->fences) {
-        for (const auto& [value, b] : fences) {
-          pending.insert(b);
-        }
-      }
-      for (Block* b : pending) {
-        count(c.pending_bytes, b);
-      }
-    }
-    for (auto& cache : p->caches) {
-      CacheLockGuard lock(cache.mu);
-      for (Block* b : cache.blocks) {
-        count(c.stream_cached_bytes, b);
-      }
-    }
-  }
-  return c;
 }
 
 CachingAllocatorCore::Shard& CachingAllocatorCore::shardFor(const void* key) {
@@ -368,7 +296,6 @@ CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
     StreamCache& cache = p.caches[stream];
     CacheLockGuard lock(cache.mu);
     if (Block* b = takeFit(cache.blocks, size, max_oversize, any)) {
-      ++cache.hits;
       cache.allocated_bytes += static_cast<int64_t>(b->size);
       return b;
     }
@@ -385,7 +312,6 @@ CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
     b = steal(p, size, stream, max_oversize);
   }
   if (b) {
-    other_hits_.fetch_add(1, std::memory_order_relaxed);
     other_allocated_bytes_.fetch_add(
         static_cast<int64_t>(b->size), std::memory_order_relaxed);
   }
@@ -407,7 +333,6 @@ CachingAllocatorCore::Block* CachingAllocatorCore::steal(
     }
     const auto ready = [done](const Block* b) { return b->fence <= done; };
     if (Block* b = takeFit(cache.blocks, size, max_oversize, ready)) {
-      stream_steals_.fetch_add(1, std::memory_order_relaxed);
       return b;
     }
   }
@@ -490,7 +415,6 @@ void CachingAllocatorCore::armOrResolve(
     StreamIndex s,
     uint64_t value) {
   if (fetchMax(armed_[s], value) < value) {
-    handlers_registered_.fetch_add(1);
     timelines_.onCompleted(
         s, value, [this, s, value] { onStreamCompleted(s, value); });
     return;
@@ -510,7 +434,6 @@ void CachingAllocatorCore::onStreamCompleted(StreamIndex s, uint64_t value) {
       resolveLocked(*p, s, completed_[s].load());
     }
   }
-  handlers_run_.fetch_add(1);
 }
 
 // A new block, in the block table and counted as in use (for the caller).
@@ -530,9 +453,7 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateFromDevice(
   b->pool = p.index;
   b->id = next_block_id_.fetch_add(1) + 1;
   const auto bytes = static_cast<int64_t>(size);
-  fetchMax(peak_reserved_bytes_, reserved_bytes_.fetch_add(bytes) + bytes);
-  blocks_.fetch_add(1);
-  device_allocs_.fetch_add(1);
+  reserved_bytes_.fetch_add(bytes);
   other_allocated_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   const void* key = backend_.key(b->buffer);
   Shard& shard = shardFor(key);
@@ -554,20 +475,18 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateBlock(
     for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
       if (wanted[s] > completed_[s].load() &&
           fetchMax(commit_requested_[s], wanted[s]) < wanted[s]) {
-        commit_requests_.fetch_add(1);
         timelines_.requestCommit(s);
       }
     }
   }
   if (pressure) {
     if (const auto over = overLowWatermark()) {
-      gc_releases_.fetch_add(releaseCompleted(p, *over, /*oldest_first=*/true));
+      releaseCompleted(p, *over, /*oldest_first=*/true);
     }
   }
   if (Block* b = allocateFromDevice(p, size, pressure)) {
     return b;
   }
-  oom_retries_.fetch_add(1);
   backend_.onAllocationFailed();
   if (Block* b = findCached(p, size, stream, /*pressure=*/false)) {
     return b;
@@ -580,18 +499,17 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateBlock(
   if (Block* b = allocateFromDevice(p, size, pressure)) {
     return b;
   }
-  ooms_.fetch_add(1);
   const AllocatorStats s = stats();
   TORCH_CHECK(
       false,
       "MPS backend out of memory (MPS allocated: ",
-      formatBytes(s.reserved_bytes),
+      c10::CachingAllocator::format_size(s.reserved_bytes),
       ", in use: ",
-      formatBytes(s.allocated_bytes),
+      c10::CachingAllocator::format_size(s.allocated_bytes),
       ", waiting for other streams: ",
-      formatBytes(s.pending_bytes),
+      c10::CachingAllocator::format_size(s.pending_bytes),
       "). Tried to allocate ",
-      formatBytes(static_cast<int64_t>(size)),
+      c10::CachingAllocator::format_size(size),
       " on the ",
       p.options.name,
       " pool.",
@@ -599,8 +517,8 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateBlock(
 }
 
 // Releases done cached blocks of `p`, at least `target` bytes if there are
-// that many (SIZE_MAX: all), oldest first if `oldest_first`. Returns how many.
-size_t CachingAllocatorCore::releaseCompleted(
+// that many (SIZE_MAX: all), oldest first if `oldest_first`.
+void CachingAllocatorCore::releaseCompleted(
     Pool& p,
     size_t target,
     bool oldest_first) {
@@ -642,7 +560,6 @@ size_t CachingAllocatorCore::releaseCompleted(
     take(cache.blocks, [&](const Block* b) { return b->fence <= done; });
   }
   releaseBlocks(p, victims);
-  return victims.size();
 }
 
 void CachingAllocatorCore::releaseBlocks(
@@ -664,8 +581,6 @@ void CachingAllocatorCore::releaseBlocks(
     }
   }
   reserved_bytes_.fetch_sub(bytes);
-  blocks_.fetch_sub(static_cast<int64_t>(victims.size()));
-  device_releases_.fetch_add(victims.size());
 }
 
 } // namespace at::mps

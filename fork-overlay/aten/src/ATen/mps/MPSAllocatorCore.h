@@ -108,34 +108,12 @@ struct AllocatorPoolOptions {
 };
 
 // No update is lost; exact while no thread is in the allocator (reserved_bytes
-// and its peak always). allocated_bytes sums per-stream counters: no peak, as
-// torch.mps exposes none and one counter would contend on every malloc.
+// always). allocated_bytes sums per-stream counters: one counter would
+// contend on every malloc.
 struct AllocatorStats {
   int64_t reserved_bytes = 0; // device memory held in blocks, any state
   int64_t allocated_bytes = 0; // in blocks handed out and not yet freed
   int64_t pending_bytes = 0; // in freed blocks waiting for other streams
-  int64_t peak_reserved_bytes = 0;
-  int64_t blocks = 0; // blocks that hold device memory
-  uint64_t mallocs = 0;
-  uint64_t frees = 0;
-  uint64_t cache_hits = 0; // mallocs served from a cache, any kind
-  uint64_t stream_steals = 0; // ... from another stream's cache
-  uint64_t device_allocs = 0;
-  uint64_t device_releases = 0;
-  uint64_t gc_releases = 0;
-  uint64_t oom_retries = 0; // device allocations that failed once
-  uint64_t ooms = 0; // mallocs that raised out-of-memory
-  uint64_t commit_requests = 0;
-  uint64_t handlers_registered = 0; // completion handlers asked for
-  uint64_t handlers_run = 0;
-};
-
-// Where the cached bytes are, counted under each container's lock. Slow.
-struct AllocatorCensus {
-  int64_t stream_cached_bytes = 0; // in per-stream caches
-  int64_t free_bytes = 0; // in pools' free sets
-  int64_t pending_bytes = 0; // waiting on fences
-  int64_t blocks = 0; // blocks in any of those
 };
 
 // Note [MPS allocator cross-stream reuse]
@@ -241,16 +219,14 @@ class CachingAllocatorCore {
     low_watermark_.store(bytes);
   }
   AllocatorStats stats() const;
-  AllocatorCensus census();
 
  private:
+  friend struct AllocatorCoreTestPeer;
   struct alignas(64) StreamCache {
     // See Note [MPS allocator stream-cache lock].
     mutable CacheLock mu;
     BlockSet blocks MPS_GUARDED_BY(mu);
-    // Fast-path counts, kept under the lock it holds anyway.
-    uint64_t hits MPS_GUARDED_BY(mu) = 0;
-    uint64_t frees MPS_GUARDED_BY(mu) = 0;
+    // The fast path's count, kept under the lock it holds anyway.
     int64_t allocated_bytes MPS_GUARDED_BY(mu) = 0;
   };
 
@@ -295,7 +271,7 @@ class CachingAllocatorCore {
   void onStreamCompleted(StreamIndex s, uint64_t value);
   Block* allocateFromDevice(Pool& p, size_t size, bool pressure);
   Block* allocateBlock(Pool& p, size_t size, StreamIndex stream, bool pressure);
-  size_t releaseCompleted(Pool& p, size_t target, bool oldest_first = false);
+  void releaseCompleted(Pool& p, size_t target, bool oldest_first = false);
   void releaseBlocks(Pool& p, const std::vector<Block*>& victims);
 
   AllocatorBackend& backend_;
@@ -313,22 +289,9 @@ class CachingAllocatorCore {
   std::atomic<uint64_t> next_block_id_{0};
 
   alignas(64) std::atomic<int64_t> reserved_bytes_{0};
-  std::atomic<int64_t> peak_reserved_bytes_{0};
   std::atomic<int64_t> pending_bytes_{0};
-  std::atomic<int64_t> blocks_{0};
-  std::atomic<uint64_t> device_allocs_{0};
-  std::atomic<uint64_t> device_releases_{0};
-  std::atomic<uint64_t> gc_releases_{0};
-  std::atomic<uint64_t> oom_retries_{0};
-  std::atomic<uint64_t> ooms_{0};
-  std::atomic<uint64_t> commit_requests_{0};
-  std::atomic<uint64_t> handlers_registered_{0};
-  std::atomic<uint64_t> handlers_run_{0};
-  // Off the stream-cache fast path (mallocs = hits + device allocations).
+  // Off the stream-cache fast path.
   std::atomic<int64_t> other_allocated_bytes_{0};
-  std::atomic<uint64_t> other_frees_{0};
-  std::atomic<uint64_t> other_hits_{0};
-  std::atomic<uint64_t> stream_steals_{0};
 };
 
 } // namespace at::mps

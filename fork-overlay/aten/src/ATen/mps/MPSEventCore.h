@@ -47,11 +47,6 @@ class StreamEvent {
         timing_(enable_timing),
         state_(std::make_shared<Completion>()) {}
 
-  // Written only by resetForReuse(), while the pool owns the event alone.
-  uint64_t id() const {
-    return id_;
-  }
-
   ~StreamEvent() {
     backend_->releaseEvent(handle_);
   }
@@ -166,11 +161,9 @@ class StreamEvent {
     return value == 0 ? 0 : completion()->waitForTimeOf(value, timeout);
   }
 
-  const Handle& handle() const {
-    return handle_;
-  }
-
  private:
+  friend struct StreamEventTestPeer;
+
   uint64_t recorded() const MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     return recorded_;
@@ -243,6 +236,7 @@ class StreamEvent {
   }
 
   Backend* const backend_;
+  // Written only by resetForReuse(), while the pool owns the event alone.
   uint64_t id_;
   const Handle handle_;
 
@@ -303,13 +297,6 @@ class StreamEventPool {
     return it->second;
   }
 
-  size_t inUse() const MPS_EXCLUDES(mu_) {
-    MutexLock lock(mu_);
-    return in_use_.size();
-  }
-  size_t cached() const {
-    return free_->size();
-  }
   void emptyCache() {
     free_->clear();
   }
@@ -329,10 +316,6 @@ class StreamEventPool {
       auto e = std::move(events_.back());
       events_.pop_back();
       return e;
-    }
-    size_t size() const MPS_EXCLUDES(mu_) {
-      MutexLock lock(mu_);
-      return events_.size();
     }
     void clear() MPS_EXCLUDES(mu_) {
       std::vector<std::unique_ptr<Event>> dropped;
