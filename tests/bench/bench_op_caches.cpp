@@ -3,11 +3,9 @@
 
 #include <benchmark/benchmark.h>
 
-#include <ATen/mps/MPSEncoderGate.h>
 #include <ATen/mps/MPSFrameworkWorkarounds.h>
 #include <ATen/mps/MPSObjectCache.h>
 #include <ATen/mps/MPSSerialDispatch.h>
-#include <ATen/mps/MPSStreamActivity.h>
 
 #include <memory>
 #include <mutex>

@@ -5,7 +5,7 @@
 #include "harness.h"
 
 #include <ATen/mps/MPSCommandBufferLifecycle.h>
-#include <ATen/mps/MPSEncoderGate.h>
+#include <ATen/mps/MPSSerialDispatch.h>
 
 #include <algorithm>
 #include <atomic>

@@ -4,7 +4,7 @@
 #include "SimStream.h"
 #include "harness.h"
 
-#include <ATen/mps/MPSStreamActivity.h>
+#include <ATen/mps/MPSSerialDispatch.h>
 
 #include <chrono>
 #include <random>

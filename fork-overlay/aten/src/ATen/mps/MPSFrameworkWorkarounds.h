@@ -1,9 +1,6 @@
 #pragma once
 
-#include <ATen/mps/MPSEnvSwitch.h>
-#include <ATen/mps/MPSStreamActivity.h>
-#include <ATen/mps/MPSStreamPool.h>
-#include <c10/macros/Export.h>
+#include <ATen/mps/MPSSerialDispatch.h>
 
 #include <cstdint>
 

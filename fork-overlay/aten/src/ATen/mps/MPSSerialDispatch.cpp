@@ -29,4 +29,31 @@ bool SerialSection::isActive(const void* queue) noexcept {
   return false;
 }
 
+int StreamActivity::activeStreams(Clock::time_point now) const {
+  const int64_t current = stampOf(now);
+  int active = 0;
+  for (const Slot& slot : slots_) {
+    const int64_t last = slot.last.load(std::memory_order_relaxed);
+    if (last != 0 && current - last < kWindowMs) {
+      ++active;
+    }
+  }
+  return active;
+}
+
+StreamActivity& streamActivity() {
+  // Only atomics: constant-initialised and trivially destructible, so usable
+  // during static initialisation and destruction.
+  static StreamActivity activity;
+  return activity;
+}
+
+EncoderLifecycleGate& computeEncoderGate() {
+  // Leaked: streams may end encoders during static destruction. A malformed
+  // value throws here, and again on the next call.
+  static auto* gate = new EncoderLifecycleGate(
+      readEnvSwitch(kSerializeComputeEncodersSwitch).value_or(false));
+  return *gate;
+}
+
 } // namespace at::mps

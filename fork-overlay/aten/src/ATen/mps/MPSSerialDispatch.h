@@ -1,7 +1,12 @@
 #pragma once
 
-#include <c10/macros/Export.h>
+#include <ATen/mps/MPSEnvSwitch.h>
+#include <ATen/mps/MPSStreamPool.h>
 
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <exception>
 #include <type_traits>
 #include <utility>
@@ -66,5 +71,112 @@ void dispatchSyncWithRethrow(const void* queue, Dispatch&& dispatch, Fn&& fn) {
     std::rethrow_exception(call.error);
   }
 }
+
+// Note [MPS active streams]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A stream calls noteEncoding(its pool slot) when it encodes; activeStreams()
+// counts slots noted within the last kWindowMs (1 s, spanning a busy thread's
+// host-side pauses). Encodes are counted, not leases: an idle thread keeps
+// its lease (thread pools), and leases sit behind the pool mutex while this
+// is lock-free (a relaxed load and, at most once per ms, a relaxed store to
+// the stream's own cache line). The count is a recent-past estimate, not a
+// lock: a stream starting just after a read is missed, so decisions that
+// must not overlap other encoding also need a lock (the family locks of
+// Note [MPS Apple framework workarounds]).
+class TORCH_API StreamActivity {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  void noteEncoding(StreamIndex index, Clock::time_point now = Clock::now()) {
+    checkStreamIndex(index);
+    const int64_t stamp = stampOf(now);
+    std::atomic<int64_t>& last = slots_[index].last;
+    if (last.load(std::memory_order_relaxed) != stamp) {
+      last.store(stamp, std::memory_order_relaxed);
+    }
+  }
+
+  // A stamp later than `now` (another thread's clock read) counts.
+  int activeStreams(Clock::time_point now = Clock::now()) const;
+
+ private:
+  // Milliseconds on the steady clock, plus one so that 0 means "never".
+  static int64_t stampOf(Clock::time_point t) {
+    return t.time_since_epoch() / std::chrono::milliseconds(1) + 1;
+  }
+
+  struct alignas(64) Slot {
+    std::atomic<int64_t> last{0};
+  };
+  std::array<Slot, kStreamsPerPool> slots_{};
+  static constexpr int64_t kWindowMs = 1000;
+};
+
+TORCH_API StreamActivity& streamActivity();
+
+inline constexpr EnvSwitch kSerializeComputeEncodersSwitch{
+    "MPS_SERIALIZE_COMPUTE_ENCODERS",
+    "create and end compute encoders one at a time across all streams",
+    "no gate",
+    "no gate"};
+
+// Note [MPS compute-encoder lifecycle gate]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// dML (github.com/dropbox/dML) reports AGX driver crashes when one thread
+// ends a compute encoder while another, on another queue, creates or uses
+// one: a driver race our locking cannot prevent. With
+// MPS_SERIALIZE_COMPUTE_ENCODERS=1, compute-encoder creation and endEncoding
+// through run() (GatedEncoderOps, MPSGraph encodes) hold one process-wide
+// mutex. Encoding into an open encoder is not gated, so streams still encode
+// in parallel and the gate narrows the race rather than excluding it. Off
+// (default), run() costs one branch. The variable is read on first use; a
+// malformed value raises from every use (Note [MPS environment switches]).
+//
+// The mutex is a leaf lock: fn() must not enter a serial section, a
+// command-buffer lifecycle lock or the gate, so callers evaluate
+// commandBuffer()/commandEncoder() before run().
+class TORCH_API EncoderLifecycleGate {
+ public:
+  explicit EncoderLifecycleGate(bool enabled) : enabled_(enabled) {}
+
+  bool enabled() const {
+    return enabled_;
+  }
+
+  template <typename Fn>
+  decltype(auto) run(Fn&& fn) MPS_EXCLUDES(mu_) {
+    if (!enabled_) {
+      return std::forward<Fn>(fn)();
+    }
+    MutexLock lock(mu_);
+    return std::forward<Fn>(fn)();
+  }
+
+ private:
+  const bool enabled_;
+  Mutex mu_;
+};
+
+TORCH_API EncoderLifecycleGate& computeEncoderGate();
+
+// Lifecycle ops (Note [MPS command buffer lifecycle]), gated.
+template <typename Ops>
+class GatedEncoderOps : public Ops {
+ public:
+  explicit GatedEncoderOps(
+      Ops ops,
+      EncoderLifecycleGate& gate = computeEncoderGate())
+      : Ops(std::move(ops)), gate_(&gate) {}
+
+  typename Ops::Encoder makeComputeEncoder(const typename Ops::Buffer& buffer) {
+    return gate_->run([&]() { return Ops::makeComputeEncoder(buffer); });
+  }
+  void endEncoding(const typename Ops::Encoder& encoder) {
+    gate_->run([&]() { Ops::endEncoding(encoder); });
+  }
+
+ private:
+  EncoderLifecycleGate* gate_;
+};
 
 } // namespace at::mps
