@@ -3,6 +3,7 @@
 #include <ATen/mps/MPSThreadAnnotations.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -52,13 +53,10 @@ class StreamEvent {
   }
 
   void record(Stream& stream, bool commit) MPS_EXCLUDES(mu_) {
-    uint64_t value = 0;
-    bool timing = false;
-    {
+    const auto [value, timing] = [&]() MPS_EXCLUDES(mu_) {
       MutexLock lock(mu_);
-      value = ++counter_;
-      timing = timing_;
-    }
+      return std::make_pair(++counter_, timing_);
+    }();
     // Registered before the signal: notifyListener:atValue:block: documents
     // when a listener runs only for a value not yet reached.
     if (timing) {
@@ -67,9 +65,8 @@ class StreamEvent {
     backend_->encodeSignal(stream, handle_, value);
     {
       MutexLock lock(mu_);
-      if (value > recorded_) {
-        recorded_ = value;
-        recorded_stream_ = &stream;
+      if (value > recorded_.value) {
+        recorded_ = {value, &stream};
       }
     }
     if (commit) {
@@ -79,12 +76,12 @@ class StreamEvent {
 
   // GPU-side wait on `stream`; false when there is nothing to wait for.
   bool wait(Stream& stream, bool commit) MPS_EXCLUDES(mu_) {
-    const Pending p = pending();
-    if (!p.producer) {
+    const Recorded p = pending();
+    if (!p.stream) {
       return false;
     }
-    if (p.producer != &stream) {
-      backend_->commit(*p.producer);
+    if (p.stream != &stream) {
+      backend_->commit(*p.stream);
     }
     backend_->encodeWait(stream, handle_, p.value);
     if (commit) {
@@ -95,24 +92,22 @@ class StreamEvent {
 
   // False if never recorded, as torch.mps.Event.query() always answered.
   bool query() const MPS_EXCLUDES(mu_) {
-    const uint64_t value = recorded();
+    const uint64_t value = recorded().value;
     return value != 0 && backend_->signaledValue(handle_) >= value;
   }
 
   void synchronize() MPS_EXCLUDES(mu_) {
-    const Pending p = pending();
-    if (!p.producer) {
+    const Recorded p = pending();
+    if (!p.stream) {
       return;
     }
-    backend_->commit(*p.producer);
+    backend_->commit(*p.stream);
     notifyCompletion(p.value, /*record_time=*/false);
     // Whether Metal notifies a listener registered after the value was
     // reached is not documented, so the value is polled as well.
     std::shared_ptr<Completion> state = completion();
-    while (!state->waitFor(p.value, std::chrono::milliseconds(2))) {
-      if (backend_->signaledValue(handle_) >= p.value) {
-        return;
-      }
+    while (!state->waitFor(p.value, std::chrono::milliseconds(2)) &&
+           backend_->signaledValue(handle_) < p.value) {
     }
   }
 
@@ -122,9 +117,8 @@ class StreamEvent {
         "Events were not created with argument 'enable_timing=True'");
     start.synchronize();
     synchronize();
-    constexpr auto kNotificationTimeout = std::chrono::seconds(10);
-    const uint64_t t0 = start.completionTimeNs(kNotificationTimeout);
-    const uint64_t t1 = completionTimeNs(kNotificationTimeout);
+    const uint64_t t0 = start.completionTimeNs();
+    const uint64_t t1 = completionTimeNs();
     TORCH_CHECK(
         t0 > 0 && t1 > 0,
         "Both events must be recorded before calculating elapsed time (or "
@@ -142,8 +136,7 @@ class StreamEvent {
   void resetForReuse(uint64_t id, bool enable_timing) MPS_EXCLUDES(mu_) {
     id_ = id;
     MutexLock lock(mu_);
-    recorded_ = 0;
-    recorded_stream_ = nullptr;
+    recorded_ = {};
     timing_ = enable_timing;
     state_ = std::make_shared<Completion>();
   }
@@ -155,44 +148,38 @@ class StreamEvent {
 
   // Completion time of the last recorded value (0 if never), which
   // synchronize() saw reached; waits up to `timeout` for its notification.
-  uint64_t completionTimeNs(std::chrono::nanoseconds timeout) const
+  uint64_t completionTimeNs(
+      std::chrono::nanoseconds timeout = std::chrono::seconds(10)) const
       MPS_EXCLUDES(mu_) {
-    const uint64_t value = recorded();
+    const uint64_t value = recorded().value;
     return value == 0 ? 0 : completion()->waitForTimeOf(value, timeout);
   }
 
  private:
   friend struct StreamEventTestPeer;
 
-  uint64_t recorded() const MPS_EXCLUDES(mu_) {
+  // The last recorded value (0: not recorded) and its stream.
+  struct Recorded {
+    uint64_t value = 0;
+    Stream* stream = nullptr;
+  };
+  Recorded recorded() const MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     return recorded_;
   }
-
-  // The recorded value not yet reached and its stream (null if none).
-  struct Pending {
-    uint64_t value;
-    Stream* producer;
-  };
-  Pending pending() const MPS_EXCLUDES(mu_) {
-    Pending p{0, nullptr};
-    {
-      MutexLock lock(mu_);
-      p = {recorded_, recorded_stream_};
-    }
-    if (p.value == 0 || backend_->signaledValue(handle_) >= p.value) {
-      return {0, nullptr};
-    }
-    return p;
+  // recorded() if its value is not reached yet, else {}.
+  Recorded pending() const MPS_EXCLUDES(mu_) {
+    const Recorded r = recorded();
+    const bool reached =
+        r.value == 0 || backend_->signaledValue(handle_) >= r.value;
+    return reached ? Recorded{} : r;
   }
 
   class Completion {
    public:
     void reached(uint64_t value, uint64_t time_ns) MPS_EXCLUDES(mu_) {
       MutexLock lock(mu_);
-      if (value > reached_) {
-        reached_ = value;
-      }
+      reached_ = std::max(reached_, value);
       if (time_ns != 0) {
         times_[value] = time_ns;
       }
@@ -208,11 +195,10 @@ class StreamEvent {
     uint64_t waitForTimeOf(uint64_t value, std::chrono::nanoseconds timeout)
         MPS_EXCLUDES(mu_) {
       MutexLock lock(mu_);
-      cv_.waitFor(mu_, timeout, [&]() MPS_REQUIRES(mu_) {
+      const bool arrived = cv_.waitFor(mu_, timeout, [&]() MPS_REQUIRES(mu_) {
         return times_.count(value) != 0;
       });
-      auto it = times_.find(value);
-      return it == times_.end() ? 0 : it->second;
+      return arrived ? times_.at(value) : 0;
     }
 
    private:
@@ -242,8 +228,7 @@ class StreamEvent {
 
   mutable Mutex mu_;
   uint64_t counter_ MPS_GUARDED_BY(mu_) = 0;
-  uint64_t recorded_ MPS_GUARDED_BY(mu_) = 0; // 0: not recorded
-  Stream* recorded_stream_ MPS_GUARDED_BY(mu_) = nullptr;
+  Recorded recorded_ MPS_GUARDED_BY(mu_);
   bool timing_ MPS_GUARDED_BY(mu_);
   std::shared_ptr<Completion> state_ MPS_GUARDED_BY(mu_);
 };
@@ -262,7 +247,14 @@ class StreamEventPool {
       : backend_(backend), free_(std::make_shared<FreeList>()) {}
 
   uint64_t acquire(bool enable_timing) MPS_EXCLUDES(mu_) {
-    std::unique_ptr<Event> event = free_->pop();
+    std::unique_ptr<Event> event;
+    {
+      MutexLock lock(free_->mu);
+      if (!free_->events.empty()) {
+        event = std::move(free_->events.back());
+        free_->events.pop_back();
+      }
+    }
     MutexLock lock(mu_);
     const uint64_t id = ++next_id_;
     if (event) {
@@ -270,24 +262,21 @@ class StreamEventPool {
     } else {
       event = std::make_unique<Event>(backend_, id, enable_timing);
     }
-    std::shared_ptr<FreeList> free_list = free_;
     in_use_.emplace(
-        id, std::shared_ptr<Event>(event.release(), [free_list](Event* e) {
-          free_list->push(std::unique_ptr<Event>(e));
+        id, std::shared_ptr<Event>(event.release(), [free = free_](Event* e) {
+          MutexLock lock(free->mu);
+          free->events.emplace_back(e);
         }));
     return id;
   }
 
   void release(uint64_t id) MPS_EXCLUDES(mu_) {
-    std::shared_ptr<Event> event;
-    {
-      MutexLock lock(mu_);
-      auto it = in_use_.find(id);
-      TORCH_CHECK(it != in_use_.end(), "Invalid MPS event id: event_id=", id);
-      event = std::move(it->second);
-      in_use_.erase(it);
-    }
-    // Dropped outside the lock.
+    std::shared_ptr<Event> event; // dropped after unlocking
+    MutexLock lock(mu_);
+    auto it = in_use_.find(id);
+    TORCH_CHECK(it != in_use_.end(), "Invalid MPS event id: event_id=", id);
+    event = std::move(it->second);
+    in_use_.erase(it);
   }
 
   std::shared_ptr<Event> get(uint64_t id) const MPS_EXCLUDES(mu_) {
@@ -297,37 +286,16 @@ class StreamEventPool {
     return it->second;
   }
 
-  void emptyCache() {
-    free_->clear();
+  void emptyCache() MPS_EXCLUDES(free_->mu) {
+    std::vector<std::unique_ptr<Event>> dropped; // freed after unlocking
+    MutexLock lock(free_->mu);
+    dropped.swap(free_->events);
   }
 
  private:
-  class FreeList {
-   public:
-    void push(std::unique_ptr<Event> e) MPS_EXCLUDES(mu_) {
-      MutexLock lock(mu_);
-      events_.push_back(std::move(e));
-    }
-    std::unique_ptr<Event> pop() MPS_EXCLUDES(mu_) {
-      MutexLock lock(mu_);
-      if (events_.empty()) {
-        return nullptr;
-      }
-      auto e = std::move(events_.back());
-      events_.pop_back();
-      return e;
-    }
-    void clear() MPS_EXCLUDES(mu_) {
-      std::vector<std::unique_ptr<Event>> dropped;
-      {
-        MutexLock lock(mu_);
-        dropped.swap(events_);
-      }
-    }
-
-   private:
-    mutable Mutex mu_;
-    std::vector<std::unique_ptr<Event>> events_ MPS_GUARDED_BY(mu_);
+  struct FreeList {
+    Mutex mu;
+    std::vector<std::unique_ptr<Event>> events MPS_GUARDED_BY(mu);
   };
 
   Backend* const backend_;
