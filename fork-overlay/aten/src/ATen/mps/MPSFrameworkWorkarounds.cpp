@@ -1,7 +1,5 @@
 #include <ATen/mps/MPSFrameworkWorkarounds.h>
 
-#include <array>
-
 namespace at::mps {
 
 namespace {
@@ -30,15 +28,6 @@ SerializedEncode::SerializedEncode(RacyKernelFamily family)
 SerializedEncode::~SerializedEncode() MPS_NO_THREAD_SAFETY_ANALYSIS {
   tls_held_families &= ~(uint32_t{1} << index_);
   familyLocks()[index_].unlock();
-}
-
-bool preferGraphPath(
-    bool force,
-    StreamActivity& activity,
-    StreamIndex current,
-    StreamActivity::Clock::time_point now) {
-  activity.noteEncoding(current, now);
-  return force || activity.activeStreams(now) > 1;
 }
 
 bool preferGraphPathNow(StreamIndex current) {

@@ -2,8 +2,6 @@
 
 #include <ATen/mps/MPSSerialDispatch.h>
 
-#include <cstdint>
-
 namespace at::mps {
 
 // Note [MPS Apple framework workarounds]
@@ -50,11 +48,14 @@ inline constexpr EnvSwitch kForceGraphPathSwitch{
 
 // True if `force` or more than one stream is active. Notes `current` in
 // `activity` first, so the caller's stream always counts.
-TORCH_API bool preferGraphPath(
+inline bool preferGraphPath(
     bool force,
     StreamActivity& activity,
     StreamIndex current,
-    StreamActivity::Clock::time_point now = StreamActivity::Clock::now());
+    StreamActivity::Clock::time_point now = StreamActivity::Clock::now()) {
+  activity.noteEncoding(current, now);
+  return force || activity.activeStreams(now) > 1;
+}
 
 // With MPS_FORCE_GRAPH_PATH (read once) and streamActivity().
 TORCH_API bool preferGraphPathNow(StreamIndex current);

@@ -45,7 +45,6 @@ class OnceCache {
         if (it == shard.slots.end()) {
           mine = shard.slots.emplace(key, std::make_unique<Slot>())
                      .first->second.get();
-          mine->creator = std::this_thread::get_id();
           break;
         }
         if (it->second->value.has_value()) {
@@ -102,7 +101,7 @@ class OnceCache {
 
   struct Slot {
     std::optional<Value> value; // immutable once engaged
-    std::thread::id creator; // while value is empty
+    std::thread::id creator = std::this_thread::get_id(); // runs create()
   };
   struct Shard {
     mutable Mutex mu;
@@ -149,14 +148,13 @@ struct EncodeLock {
 class EncodeGuard {
  public:
   explicit EncodeGuard(EncodeLock* lock) MPS_NO_THREAD_SAFETY_ANALYSIS {
-    if (lock == nullptr ||
-        lock->holder.load(std::memory_order_relaxed) ==
+    if (lock != nullptr &&
+        lock->holder.load(std::memory_order_relaxed) !=
             std::this_thread::get_id()) {
-      return;
+      lock->mu.lock();
+      lock->holder.store(std::this_thread::get_id(), std::memory_order_relaxed);
+      lock_ = lock;
     }
-    lock->mu.lock();
-    lock->holder.store(std::this_thread::get_id(), std::memory_order_relaxed);
-    lock_ = lock;
   }
   ~EncodeGuard() MPS_NO_THREAD_SAFETY_ANALYSIS {
     if (lock_ != nullptr) {

@@ -3,10 +3,6 @@
 #include <ATen/mps/MPSEnvSwitch.h>
 #include <ATen/mps/MPSStreamPool.h>
 
-#include <array>
-#include <atomic>
-#include <chrono>
-#include <cstdint>
 #include <exception>
 #include <type_traits>
 #include <utility>
@@ -97,7 +93,17 @@ class TORCH_API StreamActivity {
   }
 
   // A stamp later than `now` (another thread's clock read) counts.
-  int activeStreams(Clock::time_point now = Clock::now()) const;
+  int activeStreams(Clock::time_point now = Clock::now()) const {
+    const int64_t current = stampOf(now);
+    int active = 0;
+    for (const Slot& slot : slots_) {
+      const int64_t last = slot.last.load(std::memory_order_relaxed);
+      if (last != 0 && current - last < kWindowMs) {
+        ++active;
+      }
+    }
+    return active;
+  }
 
  private:
   // Milliseconds on the steady clock, plus one so that 0 means "never".
@@ -138,10 +144,6 @@ inline constexpr EnvSwitch kSerializeComputeEncodersSwitch{
 class TORCH_API EncoderLifecycleGate {
  public:
   explicit EncoderLifecycleGate(bool enabled) : enabled_(enabled) {}
-
-  bool enabled() const {
-    return enabled_;
-  }
 
   template <typename Fn>
   decltype(auto) run(Fn&& fn) MPS_EXCLUDES(mu_) {
