@@ -79,14 +79,6 @@ T fetchMax(std::atomic<T>& a, T v) {
   return cur;
 }
 
-void insertBlock(CachingAllocatorCore::BlockSet& set, Block* b) {
-  if (b->node) {
-    set.insert(std::move(b->node));
-  } else {
-    set.insert(b);
-  }
-}
-
 // Extracts the first `usable` fit for `size`, at most `max_oversize` larger.
 template <typename Set, typename Usable>
 Block* takeFit(Set& set, size_t size, size_t max_oversize, Usable&& usable) {
@@ -179,7 +171,7 @@ void CachingAllocatorCore::free(const void* key) {
     CacheLockGuard lock(cache.mu);
     b->fence = fence;
     b->cached_at = now;
-    insertBlock(cache.blocks, b);
+    cache.blocks.insert(std::move(b->node));
     cache.allocated_bytes -= static_cast<int64_t>(size);
     // This stream's bit changes only under its cache lock, held here.
     if (!(p.cached_streams.load(std::memory_order_relaxed) & bit(stream))) {
@@ -197,10 +189,9 @@ void CachingAllocatorCore::free(const void* key) {
   {
     MutexLock lock(p.mu);
     b->cached_at = now;
-    b->outstanding = 0;
+    b->outstanding = __builtin_popcount(uses);
     for (StreamIndex s : StreamsIn{uses}) {
       p.fences[s].emplace(points[s], b);
-      ++b->outstanding;
     }
     p.pending_streams.fetch_or(uses);
     pending_bytes_.fetch_add(static_cast<int64_t>(size));
@@ -271,11 +262,8 @@ CachingAllocatorCore::Shard& CachingAllocatorCore::shardFor(const void* key) {
 // How far the device is past the low watermark; none below it or if unset.
 std::optional<size_t> CachingAllocatorCore::overLowWatermark() const {
   const size_t low = low_watermark_.load(std::memory_order_relaxed);
-  if (low == 0) {
-    return std::nullopt;
-  }
-  const size_t used = backend_.deviceAllocatedSize();
-  return used >= low ? std::optional<size_t>(used - low) : std::nullopt;
+  const size_t used = low ? backend_.deviceAllocatedSize() : 0;
+  return low && used >= low ? std::optional<size_t>(used - low) : std::nullopt;
 }
 
 // The stream's completed point, read now; also raises the cached value.
@@ -308,22 +296,8 @@ CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
   if (!b && resolvePool(p)) {
     b = takeFree();
   }
-  if (!b) {
-    b = steal(p, size, stream, max_oversize);
-  }
-  if (b) {
-    other_allocated_bytes_.fetch_add(
-        static_cast<int64_t>(b->size), std::memory_order_relaxed);
-  }
-  return b;
-}
-
-CachingAllocatorCore::Block* CachingAllocatorCore::steal(
-    Pool& p,
-    size_t size,
-    StreamIndex stream,
-    size_t max_oversize) {
-  for (StreamIndex s : StreamsIn{p.cached_streams.load() & ~bit(stream)}) {
+  const StreamMask others = b ? 0 : p.cached_streams.load() & ~bit(stream);
+  for (StreamIndex s : StreamsIn{others}) {
     const uint64_t done = refreshCompleted(s);
     StreamCache& cache = p.caches[s];
     CacheLockGuard lock(cache.mu);
@@ -331,12 +305,16 @@ CachingAllocatorCore::Block* CachingAllocatorCore::steal(
       p.cached_streams.fetch_and(~bit(s));
       continue;
     }
-    const auto ready = [done](const Block* b) { return b->fence <= done; };
-    if (Block* b = takeFit(cache.blocks, size, max_oversize, ready)) {
-      return b;
+    const auto ready = [done](const Block* c) { return c->fence <= done; };
+    if ((b = takeFit(cache.blocks, size, max_oversize, ready))) {
+      break;
     }
   }
-  return nullptr;
+  if (b) {
+    other_allocated_bytes_.fetch_add(
+        static_cast<int64_t>(b->size), std::memory_order_relaxed);
+  }
+  return b;
 }
 
 CachingAllocatorCore::Block* CachingAllocatorCore::activeBlockLocked(
@@ -377,7 +355,7 @@ bool CachingAllocatorCore::resolveLocked(
   for (auto it = fences.begin(); it != end; ++it) {
     Block* b = it->second;
     if (--b->outstanding == 0) {
-      insertBlock(p.free_blocks, b);
+      p.free_blocks.insert(std::move(b->node));
       pending_bytes_.fetch_sub(static_cast<int64_t>(b->size));
       freed = true;
     }
@@ -452,6 +430,7 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateFromDevice(
   b->size = size;
   b->pool = p.index;
   b->id = next_block_id_.fetch_add(1) + 1;
+  b->node = BlockSet{b.get()}.extract(b.get());
   const auto bytes = static_cast<int64_t>(size);
   reserved_bytes_.fetch_add(bytes);
   other_allocated_bytes_.fetch_add(bytes, std::memory_order_relaxed);

@@ -178,8 +178,8 @@ class CachingAllocatorCore {
     uint64_t fence = 0; // stream cache: pendingPoint(stream) at free
     int64_t cached_at = 0; // when freed (steady_clock ticks), for GC ages
     int outstanding = 0; // pending: fences not yet completed
-    // Node of the block's last BlockSet extraction, reused on insertion so
-    // that caching allocates nothing; empty while in a set.
+    // The block's BlockSet node, made with it and moved into and out of sets
+    // so that caching allocates nothing; empty while in a set.
     BlockSet::node_type node;
   };
 
@@ -263,7 +263,6 @@ class CachingAllocatorCore {
   std::optional<size_t> overLowWatermark() const;
   uint64_t refreshCompleted(StreamIndex s);
   Block* findCached(Pool& p, size_t size, StreamIndex stream, bool pressure);
-  Block* steal(Pool& p, size_t size, StreamIndex stream, size_t max_oversize);
   void lastFences(Pool& p, StreamPoints& points);
   bool resolveLocked(Pool& p, StreamIndex s, uint64_t done) MPS_REQUIRES(p.mu);
   bool resolvePool(Pool& p);
