@@ -51,8 +51,8 @@ struct Pipeline {
   void produce(const Item& item) {
     producer->serial([&](sim::Lifecycle& lc) {
       if (tracked) {
-        tracker.use(
-            *producer, *item.uses, Access::kWrite, UseSite::kBeforeEncoding);
+        const at::mps::DependencyTracker::Use use{item.uses, Access::kWrite};
+        tracker.use(*producer, &use, 1, UseSite::kBeforeEncoding);
       }
       lc.commandEncoder()->dispatch(
           {{{item.buf, sim::Access::kWrite}}, nullptr});

@@ -25,8 +25,8 @@ at::mps::StreamPool<Stream>* const worker_pool = [] {
 void BM_LeaseAcquireRelease(benchmark::State& state) {
   auto& p = *worker_pool;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(p.currentIndex());
-    p.releaseCurrentThreadSlot();
+    benchmark::DoNotOptimize(p.slots().currentIndex());
+    p.slots().releaseCurrentThreadSlot();
   }
 }
 BENCHMARK(BM_LeaseAcquireRelease);
@@ -43,7 +43,9 @@ BENCHMARK(BM_ThreadLifetime_NoPool)->UseRealTime();
 void BM_ThreadLifetime_LeaseOnFirstUse(benchmark::State& state) {
   auto& p = *worker_pool;
   for (auto _ : state) {
-    std::thread([&p] { benchmark::DoNotOptimize(p.currentIndex()); }).join();
+    std::thread([&p] {
+      benchmark::DoNotOptimize(p.slots().currentIndex());
+    }).join();
   }
 }
 BENCHMARK(BM_ThreadLifetime_LeaseOnFirstUse)->UseRealTime();

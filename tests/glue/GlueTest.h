@@ -109,7 +109,11 @@ void encodeSlowUseOn(const c10::Stream& s, id<MTLBuffer> buffer);
 void encodeIncrement(id<MTLBuffer> buffer);
 void encodeCopy(id<MTLBuffer> src, id<MTLBuffer> dst);
 
-// The waits the dependency tracker has made so far, of every kind.
+// The waits the dependency tracker has made so far, as the simulated Metal
+// counts them (sim::metal::eventWaits(); the glue tests that use this make no
+// Event waits): its GPU waits and CPU waits for a stream's work to complete.
+// A wait for a stream's commit is followed by a GPU wait unless that work
+// completed meanwhile.
 int64_t trackerWaits();
 
 // Runs fn(0) .. fn(n - 1) on n threads at once and joins them. An error a

@@ -290,8 +290,7 @@ void encodeCopy(id<MTLBuffer> src, id<MTLBuffer> dst) {
 }
 
 int64_t trackerWaits() {
-  const at::mps::DependencyTracker& tracker = at::mps::getMPSDependencyTracker();
-  return tracker.cpuWaits() + tracker.gpuWaits() + tracker.commitWaits();
+  return sim::metal::eventWaits();
 }
 
 void onThreads(int n, const std::function<void(int)>& fn) {

@@ -206,6 +206,8 @@ Compiler& compiler() {
   return *c;
 }
 
+std::atomic<int64_t> event_waits{0}; // see eventWaits()
+
 // The buffer arguments of the parameter list that starts at text[begin]:
 // the pointer and reference parameters, numbered in order (the test shaders
 // give no [[buffer(N)]] indices).
@@ -407,6 +409,7 @@ SIM_OBJC_RETAIN_COUNT(SharedEventState)
 - (void)notifyListener:(MTLSharedEventListener*)listener
                atValue:(uint64_t)value
                  block:(MTLSharedEventNotificationBlock)block {
+  event_waits.fetch_add(1);
   HeldBlock<MTLSharedEventNotificationBlock> held(block);
   id<MTLSharedEvent> event = self;
   state<SharedEventState>(self).event->notifyListener(value, [held, event](uint64_t reached) {
@@ -677,6 +680,7 @@ SIM_OBJC_RETAIN_COUNT(CommandBufferState)
   state<CommandBufferState>(self).buffer->encodeSignal(sharedEventOf(event), value);
 }
 - (void)encodeWaitForEvent:(id<MTLEvent>)event value:(uint64_t)value {
+  event_waits.fetch_add(1);
   state<CommandBufferState>(self).buffer->encodeWait(sharedEventOf(event), value);
 }
 @end
@@ -998,6 +1002,10 @@ void defineKernel(const std::string& function, KernelBody body) {
 
 CompilerCounts compilerCounts() {
   return {compiler().libraries.load(), compiler().pipelines.load()};
+}
+
+int64_t eventWaits() {
+  return event_waits.load();
 }
 
 } // namespace sim::metal

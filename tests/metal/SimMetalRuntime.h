@@ -81,5 +81,8 @@ struct CompilerCounts {
   int pipelines;
 };
 CompilerCounts compilerCounts();
+// Calls of encodeWaitForEvent:value: and notifyListener:atValue:block: so far
+// in this process: the GPU and CPU waits on shared events.
+int64_t eventWaits();
 
 } // namespace sim::metal

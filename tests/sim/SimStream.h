@@ -70,7 +70,8 @@ class SimStream final : public at::mps::DependencyStream {
       bool commit_and_continue)
       : DependencyStream(index),
         queue_(std::move(queue)),
-        lifecycle_(makeOps(*queue_), queue_, commit_and_continue) {
+        ops_(makeOps(*queue_)),
+        lifecycle_(ops_, queue_, commit_and_continue) {
     bindOpenMark(lifecycle_.openMarkAtomic());
   }
 
@@ -79,6 +80,10 @@ class SimStream final : public at::mps::DependencyStream {
   }
   Lifecycle& lifecycle() {
     return lifecycle_;
+  }
+  // A copy of the lifecycle's ops: the same event and low watermark.
+  const SimOps& ops() const {
+    return ops_;
   }
 
   // The stream's serial section: what dispatch_sync(stream->queue(), ...)
@@ -129,7 +134,7 @@ class SimStream final : public at::mps::DependencyStream {
     return lifecycle_.committedMark();
   }
   uint64_t completedMark() const override {
-    return lifecycle_.ops().timeline->signaledValue();
+    return ops_.timeline->signaledValue();
   }
   // Commits through `mark` now if the serial section is free, else when it
   // is next left, as a dispatch_async block would.
@@ -146,14 +151,18 @@ class SimStream final : public at::mps::DependencyStream {
   uint64_t flushRequests() const {
     return flush_requests_.load(std::memory_order_relaxed);
   }
+  // The tracker's waits: GPU waits this stream encoded, and waits for this
+  // stream's marks to complete (on the CPU) or to be committed.
+  struct Waits {
+    std::atomic<uint64_t> gpu{0};
+    std::atomic<uint64_t> cpu{0};
+    std::atomic<uint64_t> commit{0};
+  };
+  const Waits& waits() const {
+    return waits_;
+  }
   void closePass(bool signal_if_empty) override {
-    serial([&](Lifecycle& lc) {
-      if (signal_if_empty) {
-        lc.endPassSignalled();
-      } else {
-        lc.endKernelCoalescing();
-      }
-    });
+    serial([&](Lifecycle& lc) { lc.endKernelCoalescing(signal_if_empty); });
   }
   void commitOpen() override {
     serial([](Lifecycle& lc) { lc.synchronize(at::mps::SyncType::COMMIT); });
@@ -162,20 +171,23 @@ class SimStream final : public at::mps::DependencyStream {
     auto& p = static_cast<SimStream&>(producer);
     // No encoder is open (closePass() ran); the wait joins the op's pass.
     serial([&](Lifecycle& lc) {
-      lc.commandBuffer()->encodeWait(p.lifecycle_.ops().timeline, mark);
+      lc.commandBuffer()->encodeWait(p.ops_.timeline, mark);
     });
+    waits_.gpu.fetch_add(1);
   }
   void waitCommitted(uint64_t mark) override {
     lifecycle_.waitForCommittedMark(mark);
+    waits_.commit.fetch_add(1);
   }
   void waitCompleted(uint64_t mark) override {
-    const auto& timeline = lifecycle_.ops().timeline;
+    const auto& timeline = ops_.timeline;
     TORCH_CHECK(
         timeline->waitFor(mark, queue_->device()->config().event_wait_timeout),
         "simulated MPS stream ",
         index(),
         ": timed out waiting for mark ",
         mark);
+    waits_.cpu.fetch_add(1);
   }
 
  private:
@@ -207,10 +219,12 @@ class SimStream final : public at::mps::DependencyStream {
   }
 
   const QueuePtr queue_;
+  const SimOps ops_;
   std::recursive_mutex serial_;
   int depth_ = 0; // nesting of serial(); only touched with serial_ held
   std::atomic<uint64_t> flush_mark_{0}; // highest mark asked for, 0: none
   std::atomic<uint64_t> flush_requests_{0};
+  Waits waits_;
   Lifecycle lifecycle_;
 };
 

@@ -78,7 +78,7 @@ TEST_F(PoolStressTest, SixtyFourThreadsMixingEveryOperation) {
         } else if (op < 10) {
           pool_->currentStream().encodeKernel(
               std::move(kernel), SyncType::COMMIT_AND_WAIT);
-          pool_->releaseCurrentThreadSlot();
+          pool_->slots().releaseCurrentThreadSlot();
         } else if (op < 12) {
           pool_->currentStream().encodeKernel(
               std::move(kernel), SyncType::COMMIT_AND_WAIT);
@@ -89,8 +89,8 @@ TEST_F(PoolStressTest, SixtyFourThreadsMixingEveryOperation) {
         } else if (op < 14) {
           // Another stream: finish this thread's earlier writes first.
           pool_->currentStream().synchronize(SyncType::COMMIT_AND_WAIT);
-          pool_->streamFromPool().encodeKernel(
-              std::move(kernel), SyncType::COMMIT_AND_WAIT);
+          pool_->stream(pool_->slots().nextPoolIndex())
+              .encodeKernel(std::move(kernel), SyncType::COMMIT_AND_WAIT);
         } else if (op < 15) {
           pool_->currentStream().encodeKernel(
               std::move(kernel), SyncType::COMMIT);
@@ -124,7 +124,7 @@ TEST_F(PoolStressTest, HundredThousandShortLivedThreadsLeakNoSlot) {
     std::vector<std::thread> wave;
     for (int i = 0; i < kWave; ++i) {
       wave.emplace_back([&] {
-        const StreamIndex idx = pool_->currentIndex();
+        const StreamIndex idx = pool_->slots().currentIndex();
         leased_ok += idx >= 1 && pool_->slots().currentThreadHoldsLease();
       });
     }
@@ -156,7 +156,7 @@ TEST_F(PoolStressTest, MainThreadsHandTheGlobalCacheOverAsTheyExit) {
     for (int i = 0; i < kWave; ++i) {
       wave.emplace_back([&, i] {
         is_main = i % 4 == 0;
-        const StreamIndex own = pool_->currentIndex();
+        const StreamIndex own = pool_->slots().currentIndex();
         claimed += at::mps::detail::ownsMainCache();
         const StreamIndex other = 1 + (done + i) % kWorkerStreams;
         bool ok = (is_main ? own == 0 : own >= 1) &&

@@ -79,6 +79,32 @@ class DependencyTest : public SimTest {
   sim::SimStream& stream(int i) {
     return *streams_[i];
   }
+  // One buffer's use, through the tracker.
+  void use(
+      at::mps::DependencyStream& s,
+      at::mps::BufferUses& buffer,
+      at::mps::Access access,
+      at::mps::UseSite site) {
+    const at::mps::DependencyTracker::Use one{&buffer, access};
+    tracker_->use(s, &one, 1, site);
+  }
+  // The tracker's waits over all streams, by kind (sim::SimStream::Waits).
+  uint64_t waits(std::atomic<uint64_t> sim::SimStream::Waits::*kind) const {
+    uint64_t n = 0;
+    for (const auto& s : streams_) {
+      n += (s->waits().*kind).load();
+    }
+    return n;
+  }
+  uint64_t gpuWaits() const {
+    return waits(&sim::SimStream::Waits::gpu);
+  }
+  uint64_t cpuWaits() const {
+    return waits(&sim::SimStream::Waits::cpu);
+  }
+  uint64_t commitWaits() const {
+    return waits(&sim::SimStream::Waits::commit);
+  }
 
   // For the in-pass hook tests: one pass on stream 0 that makes the hook
   // calls `hooks` with its encoder open, writes `value` to `x`, and ends
@@ -104,8 +130,7 @@ class DependencyTest : public SimTest {
   int64_t readOnStream1(const Tensor& x, at::mps::BufferUses& uses) {
     std::atomic<int64_t> seen{-1};
     stream(1).serial([&](sim::Lifecycle& lc) {
-      tracker_->use(
-          stream(1),
+      use(stream(1),
           uses,
           at::mps::Access::kRead,
           at::mps::UseSite::kBeforeEncoding);
@@ -140,7 +165,7 @@ class DependencyTest : public SimTest {
           uses.push_back({&in->uses, at::mps::Access::kRead});
         }
         uses.push_back({&out->uses, at::mps::Access::kWrite});
-        tracker_->use(s, uses, site);
+        tracker_->use(s, uses.data(), uses.size(), site);
       }
       if (!enc) {
         enc = lc.commandEncoder();
@@ -172,8 +197,7 @@ class DependencyTest : public SimTest {
   // ordered after the producer of `t`, then a wait for `reader` alone.
   int64_t hostRead(sim::SimStream& reader, Tensor& t) {
     reader.serial([&](sim::Lifecycle& lc) {
-      tracker_->use(
-          reader,
+      use(reader,
           t.uses,
           at::mps::Access::kRead,
           at::mps::UseSite::kBeforeEncoding);

@@ -141,7 +141,7 @@ TEST_F(LifecycleTest, AdaptiveCommitFollowsTheLowWatermark) {
   auto buf = device().newBuffer(1);
   s.encodeKernel(write(buf, 1), SyncType::COMMIT_ADAPTIVE);
   EXPECT_EQ(s.lifecycle().lastCommitPoint(), 0u);
-  s.lifecycle().ops().low_watermark->store(true);
+  s.ops().low_watermark->store(true);
   s.encodeKernel(write(buf, 2), SyncType::COMMIT_ADAPTIVE);
   EXPECT_EQ(s.lifecycle().lastCommitPoint(), 1u);
   s.lifecycle().synchronize(SyncType::COMMIT_AND_WAIT);

@@ -124,7 +124,7 @@ TEST_F(DependencyRaceTest, InPassWaitThatNeedsItsOwnUncommittedWorkIsReported) {
       b_recorded.wait();
       auto enc = lc.commandEncoder(); // A2 holds its encoder
       try {
-        tracker_->use(stream(0), y->uses, Access::kRead, UseSite::kInPass);
+        use(stream(0), y->uses, Access::kRead, UseSite::kInPass);
       } catch (const c10::Error& e) {
         count_cycle(e);
       }

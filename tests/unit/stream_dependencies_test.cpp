@@ -6,6 +6,7 @@
 #include <atomic>
 #include <future>
 #include <random>
+#include <set>
 #include <thread>
 
 namespace {
@@ -25,7 +26,7 @@ TEST_F(DependencyTest, SameStreamUsesNeedNoWaits) {
     op(stream(0), {a.get()}, b.get(), i);
     op(stream(0), {b.get()}, a.get(), i);
   }
-  EXPECT_EQ(tracker_->gpuWaits() + tracker_->cpuWaits(), 0u);
+  EXPECT_EQ(gpuWaits() + cpuWaits(), 0u);
   stream(0).synchronize(SyncType::COMMIT_AND_WAIT);
 }
 
@@ -38,7 +39,7 @@ TEST_F(DependencyTest, ReadAfterWriteOnAnotherStreamWaitsOnTheGpu) {
   op(stream(1), {x.get()}, y.get(), 1, SyncType::COMMIT);
   EXPECT_LT(
       std::chrono::steady_clock::now() - start, std::chrono::milliseconds(50));
-  EXPECT_EQ(tracker_->gpuWaits(), 1u);
+  EXPECT_EQ(gpuWaits(), 1u);
   stream(0).queue().resume();
   stream(1).synchronize(SyncType::COMMIT_AND_WAIT);
   EXPECT_EQ(y->buf->read(0), 1 * 1000003 + 42);
@@ -118,8 +119,8 @@ TEST_F(DependencyTest, BusyProducerCommitsWhenItLeavesItsSerialSection) {
   leave.countDown();
   busy.join();
   consumer_done.get();
-  EXPECT_EQ(tracker_->commitWaits(), 1u);
-  EXPECT_EQ(tracker_->gpuWaits(), 1u);
+  EXPECT_EQ(commitWaits(), 1u);
+  EXPECT_EQ(gpuWaits(), 1u);
   stream(0).queue().resume();
   stream(1).synchronize(SyncType::COMMIT_AND_WAIT);
   EXPECT_EQ(y->buf->read(0), 2 * 1000003 + 9);
@@ -134,7 +135,7 @@ TEST_F(DependencyTest, HostReadWaitsForTheProducerOnly) {
   EXPECT_EQ(hostRead(stream(1), *x), 77);
   // Stream 1 waited for stream 0's commit; whether a GPU wait followed depends
   // on how soon stream 0's work completed.
-  EXPECT_EQ(tracker_->commitWaits(), 1u);
+  EXPECT_EQ(commitWaits(), 1u);
   stream(2).queue().resume();
 }
 
@@ -148,7 +149,7 @@ TEST_F(DependencyTest, InPassReadWaitsOnTheCpu) {
      4,
      SyncType::COMMIT_AND_WAIT,
      UseSite::kInPass);
-  EXPECT_EQ(tracker_->cpuWaits(), 1u);
+  EXPECT_EQ(cpuWaits(), 1u);
   EXPECT_EQ(y->buf->read(0), 4 * 1000003 + 11);
 }
 
@@ -183,12 +184,11 @@ TEST_F(DependencyTest, InPassCycleIsReportedInsteadOfHanging) {
   auto worker = [&](int me, Tensor* mine, Tensor* theirs) {
     stream(me).serial([&](sim::Lifecycle& lc) {
       auto enc = lc.commandEncoder();
-      tracker_->use(stream(me), mine->uses, Access::kWrite, UseSite::kInPass);
+      use(stream(me), mine->uses, Access::kWrite, UseSite::kInPass);
       enc->dispatch({{{mine->buf, sim::Access::kWrite}}, nullptr});
       both_open.arriveAndWait(); // both passes hold their writes open
       try {
-        tracker_->use(
-            stream(me), theirs->uses, Access::kRead, UseSite::kInPass);
+        use(stream(me), theirs->uses, Access::kRead, UseSite::kInPass);
       } catch (const c10::Error& e) {
         EXPECT_THAT(e.what(), HasSubstr("neither can go first"));
         cycle_errors++;
@@ -221,13 +221,13 @@ class InPassRebindingTest : public DependencyTest {
     std::future<void> other;
     stream(0).serial([&](sim::Lifecycle& lc) {
       sim::EncoderPtr enc = lc.commandEncoder();
-      tracker_->use(stream(0), x_->uses, Access::kWrite, UseSite::kInPass);
+      use(stream(0), x_->uses, Access::kWrite, UseSite::kInPass);
       enc->dispatch({{{x_->buf, sim::Access::kWrite}}, [b = x_->buf] {
                        b->write(0, 1);
                      }});
       other = std::async(std::launch::async, stream1_op);
       waitForFlushRequest(stream(0)); // stream 1 recorded its use
-      tracker_->use(stream(0), x_->uses, second, UseSite::kInPass);
+      use(stream(0), x_->uses, second, UseSite::kInPass);
       const bool write = second == Access::kWrite;
       enc->dispatch(
           {{{x_->buf, write ? sim::Access::kWrite : sim::Access::kRead}},
@@ -241,8 +241,7 @@ class InPassRebindingTest : public DependencyTest {
     ASSERT_EQ(other.wait_for(harness::kDeadline), std::future_status::ready);
     other.get();
     stream(1).synchronize(SyncType::COMMIT_AND_WAIT);
-    EXPECT_EQ(tracker_->cpuWaits() + tracker_->commitWaits(), 1u)
-        << "only stream 1 waits";
+    EXPECT_EQ(cpuWaits() + commitWaits(), 1u) << "only stream 1 waits";
   }
   std::unique_ptr<Tensor> x_;
   std::atomic<int64_t> seen_{-1}; // what the second kernel read
@@ -288,7 +287,6 @@ TEST(BufferUseTableTest, OneRecordPerKeyPerTable) {
     th.join();
   }
   EXPECT_THAT(seen, ::testing::Each(&a.get(&y)));
-  EXPECT_EQ(a.size(), 2u);
 }
 
 // A buffer handed out again keeps its record: a new user on another stream
@@ -299,8 +297,7 @@ TEST_F(DependencyTest, ReusedBufferKeepsThePreviousLifesUses) {
   auto buf = device().newBuffer(1);
   stream(0).queue().pause();
   stream(0).serial([&](sim::Lifecycle& lc) {
-    tracker_->use(
-        stream(0),
+    use(stream(0),
         table.get(buf.get()),
         Access::kWrite,
         UseSite::kBeforeEncoding);
@@ -311,8 +308,7 @@ TEST_F(DependencyTest, ReusedBufferKeepsThePreviousLifesUses) {
   // "Freed" and reused by a tensor on stream 1: same buffer, same record.
   std::atomic<int64_t> seen{-1};
   stream(1).serial([&](sim::Lifecycle& lc) {
-    tracker_->use(
-        stream(1),
+    use(stream(1),
         table.get(buf.get()),
         Access::kWrite,
         UseSite::kBeforeEncoding);
@@ -342,7 +338,7 @@ TEST_F(DependencyTest, InPassHookRecordsAWriteAfterItsPassReadTheBuffer) {
     tracker_->useInPass(stream(0), table, key, Access::kWrite);
   });
   EXPECT_EQ(readOnStream1(*x, table.get(key)), 5);
-  EXPECT_EQ(tracker_->gpuWaits(), 1u);
+  EXPECT_EQ(gpuWaits(), 1u);
 }
 
 // The hook's fast path matches the open pass only: a write in a later pass
@@ -360,7 +356,7 @@ TEST_F(DependencyTest, InPassHookRecordsAWriteOfALaterPassAtItsMark) {
   stream(0).queue().pause();
   writeInPassOnStream0(*x, 5, SyncType::COMMIT, hook);
   EXPECT_EQ(readOnStream1(*x, table.get(key)), 5);
-  EXPECT_EQ(tracker_->gpuWaits(), 1u);
+  EXPECT_EQ(gpuWaits(), 1u);
 }
 
 // The same for a read: the fast path matches a read to the open pass only,
@@ -386,8 +382,7 @@ TEST_F(DependencyTest, InPassHookRecordsAReadOfALaterPassAtItsMark) {
   stream(0).queue().pause();
   readOnStream0(SyncType::COMMIT);
   stream(1).serial([&](sim::Lifecycle& lc) {
-    tracker_->use(
-        stream(1), table.get(key), Access::kWrite, UseSite::kBeforeEncoding);
+    use(stream(1), table.get(key), Access::kWrite, UseSite::kBeforeEncoding);
     lc.commandEncoder()->dispatch(
         {{{x->buf, sim::Access::kWrite}}, [b = x->buf] { b->write(0, 7); }});
     lc.synchronize(SyncType::COMMIT);
@@ -396,7 +391,7 @@ TEST_F(DependencyTest, InPassHookRecordsAReadOfALaterPassAtItsMark) {
   stream(1).synchronize(SyncType::COMMIT_AND_WAIT);
   EXPECT_EQ(seen.load(), 3); // the second read ran before the write
   EXPECT_EQ(x->buf->read(0), 7);
-  EXPECT_EQ(tracker_->gpuWaits(), 1u);
+  EXPECT_EQ(gpuWaits(), 1u);
 }
 
 // The hook's lookup cache is tagged by table: a use through a second table,
@@ -412,7 +407,7 @@ TEST_F(DependencyTest, InPassHookKeepsTheUsesOfTwoTablesApart) {
     tracker_->useInPass(stream(0), second, key, Access::kWrite);
   });
   EXPECT_EQ(readOnStream1(*x, second.get(key)), 5);
-  EXPECT_EQ(tracker_->gpuWaits(), 1u);
+  EXPECT_EQ(gpuWaits(), 1u);
 }
 
 // v2.9.1 binds some buffers outside the serial section (copy_from_mps_), so
@@ -443,8 +438,12 @@ TEST_F(DependencyTest, InPassHookOutsideTheSerialSectionSharesTheCache) {
     outside.join();
   });
   EXPECT_EQ(readOnStream1(*xs[0], table.get(xs[0]->buf.get())), 5);
-  EXPECT_EQ(tracker_->gpuWaits(), 1u);
-  EXPECT_EQ(table.size(), 256u);
+  EXPECT_EQ(gpuWaits(), 1u);
+  std::set<const at::mps::BufferUses*> records; // one per key
+  for (const auto& x : xs) {
+    records.insert(&table.get(x->buf.get()));
+  }
+  EXPECT_EQ(records.size(), 256u);
 }
 
 // Randomized producer/consumer graphs: 16 threads, each on its own stream,
@@ -501,7 +500,7 @@ TEST_F(DependencyTest, RandomGraphsOverSixteenStreamsMatchASerialReplay) {
   for (int i = 0; i < kTensors; ++i) {
     EXPECT_EQ(hostRead(stream(0), *ts[i]), reference[i]) << "tensor " << i;
   }
-  EXPECT_GT(tracker_->gpuWaits(), 0u);
+  EXPECT_GT(gpuWaits(), 0u);
 }
 
 } // namespace

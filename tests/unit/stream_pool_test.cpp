@@ -88,7 +88,7 @@ class LeaseHolders {
   LeaseHolders(Pool& pool, int n) : ready_(n), go_(1) {
     for (int i = 0; i < n; ++i) {
       threads_.emplace_back([this, &pool] {
-        pool.currentIndex();
+        pool.slots().currentIndex();
         ready_.countDown();
         go_.wait();
       });
@@ -120,7 +120,6 @@ TEST(StreamPoolTest, CreatesEachStreamLazilyExactlyOnceUnderContention) {
     return std::make_unique<FakeStream>(FakeStream{i});
   }));
   Pool pool(std::move(b), options());
-  EXPECT_FALSE(pool.isCreated(7));
   std::vector<std::thread> threads;
   std::set<FakeStream*> seen;
   std::mutex mu;
@@ -136,8 +135,6 @@ TEST(StreamPoolTest, CreatesEachStreamLazilyExactlyOnceUnderContention) {
   }
   EXPECT_EQ(seen.size(), 1u);
   EXPECT_EQ((*seen.begin())->index, 7);
-  EXPECT_TRUE(pool.isCreated(7));
-  EXPECT_FALSE(pool.isCreated(8));
 }
 
 TEST(StreamPoolTest, FailedCreationRaisesAndLeavesSlotCreatable) {
@@ -151,10 +148,8 @@ TEST(StreamPoolTest, FailedCreationRaisesAndLeavesSlotCreatable) {
         return std::make_unique<FakeStream>(FakeStream{i});
       }));
   EXPECT_THROW(t.pool->stream(3), std::runtime_error);
-  EXPECT_FALSE(t.pool->isCreated(3));
   EXPECT_TORCH_ERROR(
       t.pool->stream(3), "creating the stream for slot 3 failed");
-  EXPECT_FALSE(t.pool->isCreated(3));
   EXPECT_EQ(t.pool->stream(3).index, 3);
 }
 
@@ -173,7 +168,7 @@ TEST(StreamPoolTest, RejectsNullBackend) {
 
 TEST(StreamPoolTest, MainThreadUsesDefaultStreamWithoutLease) {
   PoolUnderTest t(options({}, /*main_thread=*/true));
-  EXPECT_EQ(t.pool->currentIndex(), 0);
+  EXPECT_EQ(t.pool->slots().currentIndex(), 0);
   EXPECT_EQ(t.pool->currentStream().index, 0);
   EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
   EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
@@ -184,8 +179,8 @@ TEST(StreamPoolTest, ProcessMainThreadDetectionDefaultsToRealMainThread) {
   auto b = std::make_unique<NiceMock<MockBackend>>();
   Pool pool(std::move(b), o);
   EXPECT_TRUE(at::mps::isProcessMainThread());
-  EXPECT_EQ(pool.currentIndex(), 0);
-  EXPECT_NE(onThread([&] { return pool.currentIndex(); }), 0);
+  EXPECT_EQ(pool.slots().currentIndex(), 0);
+  EXPECT_NE(onThread([&] { return pool.slots().currentIndex(); }), 0);
 }
 
 TEST(StreamPoolTest, WorkerThreadsLeaseDistinctSlotsExclusively) {
@@ -197,8 +192,8 @@ TEST(StreamPoolTest, WorkerThreadsLeaseDistinctSlotsExclusively) {
   std::vector<int> leased_seen(kThreads);
   for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&, i] {
-      got[i] = t.pool->currentIndex();
-      EXPECT_EQ(t.pool->currentIndex(), got[i]); // stable
+      got[i] = t.pool->slots().currentIndex();
+      EXPECT_EQ(t.pool->slots().currentIndex(), got[i]); // stable
       EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
       all_leased.arriveAndWait();
       leased_seen[i] = t.pool->slots().leasedSlots();
@@ -224,32 +219,32 @@ TEST(StreamPoolTest, ReleasedSlotIsReusedAndHookFlushesIt) {
       .WillRepeatedly(Invoke([](FakeStream& s) { EXPECT_EQ(s.index, 1); }));
   onThread([&] {
     EXPECT_EQ(t.pool->currentStream().index, 1);
-    t.pool->releaseCurrentThreadSlot();
+    t.pool->slots().releaseCurrentThreadSlot();
     EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
     EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
-    EXPECT_EQ(t.pool->currentIndex(), 1); // leases again on next use
+    EXPECT_EQ(t.pool->slots().currentIndex(), 1); // leases again on next use
     return 0;
   });
   EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
-  EXPECT_EQ(onThread([&] { return t.pool->currentIndex(); }), 1);
+  EXPECT_EQ(onThread([&] { return t.pool->slots().currentIndex(); }), 1);
 }
 
 TEST(StreamPoolTest, ReleaseWithoutLeaseIsANoOp) {
   PoolUnderTest t(options({}, /*main_thread=*/true));
   EXPECT_CALL(*t.backend, onLeaseReleased(_)).Times(0);
   t.pool->exchangeCurrentIndex(5);
-  t.pool->releaseCurrentThreadSlot();
-  EXPECT_EQ(t.pool->currentIndex(), 5);
+  t.pool->slots().releaseCurrentThreadSlot();
+  EXPECT_EQ(t.pool->slots().currentIndex(), 5);
 }
 
 TEST(StreamPoolTest, ThreadsBindPerPool) {
   PoolUnderTest a, b;
   onThread([&] {
-    EXPECT_EQ(a.pool->currentIndex(), 1);
+    EXPECT_EQ(a.pool->slots().currentIndex(), 1);
     a.pool->exchangeCurrentIndex(9);
-    EXPECT_EQ(b.pool->currentIndex(), 1);
-    EXPECT_EQ(a.pool->currentIndex(), 9);
-    EXPECT_EQ(b.pool->currentIndex(), 1);
+    EXPECT_EQ(b.pool->slots().currentIndex(), 1);
+    EXPECT_EQ(a.pool->slots().currentIndex(), 9);
+    EXPECT_EQ(b.pool->slots().currentIndex(), 1);
     return 0;
   });
   EXPECT_EQ(a.pool->slots().leasedSlots(), 0);
@@ -277,7 +272,7 @@ TEST(StreamPoolTest, TheMainThreadsGlobalCacheFollowsItsCurrentSlot) {
   for (StreamIndex index : {5, 7, 5, 0}) {
     t.pool->exchangeCurrentIndex(index);
     EXPECT_TRUE(agree()) << "exchanging in " << index;
-    EXPECT_EQ(t.pool->currentIndex(), index);
+    EXPECT_EQ(t.pool->slots().currentIndex(), index);
     EXPECT_EQ(t.pool->currentStream().index, index);
     EXPECT_TRUE(agree()) << "after exchanging in " << index;
   }
@@ -324,7 +319,7 @@ TEST(StreamPoolTest, ShareModeHandsOutWorkerStreamsRoundRobin) {
   std::set<StreamIndex> shared;
   for (int i = 0; i < 3; ++i) {
     onThread([&] {
-      const StreamIndex idx = t.pool->currentIndex();
+      const StreamIndex idx = t.pool->slots().currentIndex();
       EXPECT_GE(idx, 1);
       EXPECT_LT(idx, kStreamsPerPool);
       EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
@@ -340,7 +335,7 @@ TEST(StreamPoolTest, ThrowModeRaisesErrorNamingTheVariable) {
   PoolUnderTest t(options({ExhaustionPolicy::kThrow, {}}));
   LeaseHolders holders(*t.pool, kWorkerStreams);
   EXPECT_TORCH_ERROR(
-      onThread([&] { return t.pool->currentIndex(); }),
+      onThread([&] { return t.pool->slots().currentIndex(); }),
       "MPS_STREAM_POOL_WAIT_TIMEOUT_MS=0");
 }
 
@@ -348,7 +343,7 @@ TEST(StreamPoolTest, WaitModeBlocksUntilASlotIsReleased) {
   PoolUnderTest t(options({ExhaustionPolicy::kWait, {}}));
   LeaseHolders holders(*t.pool, kWorkerStreams);
   std::atomic<StreamIndex> got{-1};
-  std::thread waiter([&] { got = t.pool->currentIndex(); });
+  std::thread waiter([&] { got = t.pool->slots().currentIndex(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   EXPECT_EQ(got.load(), -1);
   holders.release();
@@ -362,7 +357,7 @@ TEST(StreamPoolTest, TimeoutModeRaisesAfterTheTimeout) {
   LeaseHolders holders(*t.pool, kWorkerStreams);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_TORCH_ERROR(
-      onThread([&] { return t.pool->currentIndex(); }),
+      onThread([&] { return t.pool->slots().currentIndex(); }),
       "MPS_STREAM_POOL_WAIT_TIMEOUT_MS=40 ms");
   EXPECT_GE(
       std::chrono::steady_clock::now() - start, std::chrono::milliseconds(40));
@@ -373,7 +368,7 @@ TEST(StreamPoolTest, TimeoutModeSucceedsWhenReleasedInTime) {
       options({ExhaustionPolicy::kWaitTimeout, std::chrono::seconds(10)}));
   LeaseHolders holders(*t.pool, kWorkerStreams);
   std::atomic<StreamIndex> got{-1};
-  std::thread waiter([&] { got = t.pool->currentIndex(); });
+  std::thread waiter([&] { got = t.pool->slots().currentIndex(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   holders.release();
   waiter.join();
@@ -395,20 +390,21 @@ TEST(StreamPoolTest, AGuardOnAnExhaustedPoolNeitherWaitsNorThrows) {
       const StreamIndex saved = t.pool->slots().currentIndex(/*query=*/true);
       EXPECT_GE(saved, 1);
       EXPECT_EQ(t.pool->exchangeCurrentIndex(5), saved);
-      EXPECT_EQ(t.pool->currentIndex(), 5);
+      EXPECT_EQ(t.pool->slots().currentIndex(), 5);
       EXPECT_EQ(t.pool->exchangeCurrentIndex(saved), 5);
       EXPECT_EQ(t.pool->slots().currentIndex(/*query=*/true), saved);
       EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
       EXPECT_EQ(t.pool->slots().leasedSlots(), kWorkerStreams);
       if (policy == ExhaustionPolicy::kThrow) {
         EXPECT_TORCH_ERROR(
-            t.pool->currentIndex(), "MPS_STREAM_POOL_WAIT_TIMEOUT_MS=0");
+            t.pool->slots().currentIndex(),
+            "MPS_STREAM_POOL_WAIT_TIMEOUT_MS=0");
       } else {
         releaser = std::thread([&] {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
           holders->release();
         });
-        EXPECT_GE(t.pool->currentIndex(), 1);
+        EXPECT_GE(t.pool->slots().currentIndex(), 1);
         EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
       }
       return 0;
@@ -426,14 +422,14 @@ TEST(StreamPoolTest, AQueryBindsTheSlotTheThreadsOpsThenUse) {
   onThread([&] {
     const StreamIndex queried = t.pool->slots().currentIndex(/*query=*/true);
     EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
-    EXPECT_EQ(t.pool->currentIndex(), queried);
+    EXPECT_EQ(t.pool->slots().currentIndex(), queried);
     return 0;
   });
   LeaseHolders holders(*t.pool, kWorkerStreams);
   onThread([&] {
     const StreamIndex queried = t.pool->slots().currentIndex(/*query=*/true);
     EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
-    EXPECT_EQ(t.pool->currentIndex(), queried);
+    EXPECT_EQ(t.pool->slots().currentIndex(), queried);
     return 0;
   });
 }
@@ -502,7 +498,7 @@ TEST(StreamPoolTest, GetStreamFromPoolIsRoundRobinOverWorkers) {
   PoolUnderTest t;
   std::map<StreamIndex, int> hits;
   for (int i = 0; i < 2 * kWorkerStreams; ++i) {
-    hits[t.pool->streamFromPool().index]++;
+    hits[t.pool->stream(t.pool->slots().nextPoolIndex()).index]++;
   }
   EXPECT_EQ(hits.size(), static_cast<size_t>(kWorkerStreams));
   EXPECT_EQ(hits.count(0), 0u);
@@ -520,13 +516,13 @@ TEST(StreamPoolTest, GuardSetsAndRestoresTheCurrentStream) {
     EXPECT_EQ(t.pool->currentStream().index, 5);
     {
       sim::CurrentStreamGuard<Pool> g2(*t.pool, 9);
-      EXPECT_EQ(t.pool->currentIndex(), 9);
+      EXPECT_EQ(t.pool->slots().currentIndex(), 9);
       // Another thread's current stream is not affected.
-      EXPECT_NE(onThread([&] { return t.pool->currentIndex(); }), 9);
+      EXPECT_NE(onThread([&] { return t.pool->slots().currentIndex(); }), 9);
     }
-    EXPECT_EQ(t.pool->currentIndex(), 5);
+    EXPECT_EQ(t.pool->slots().currentIndex(), 5);
   }
-  EXPECT_EQ(t.pool->currentIndex(), 0);
+  EXPECT_EQ(t.pool->slots().currentIndex(), 0);
 }
 
 // A stream guard restores the stream it replaced; releasing the lease under
@@ -534,17 +530,17 @@ TEST(StreamPoolTest, GuardSetsAndRestoresTheCurrentStream) {
 TEST(StreamPoolTest, ReleasingTheLeaseInsideAStreamGuardIsRefused) {
   PoolUnderTest t;
   onThread([&] {
-    const StreamIndex mine = t.pool->currentIndex();
+    const StreamIndex mine = t.pool->slots().currentIndex();
     {
       sim::CurrentStreamGuard<Pool> g(*t.pool, mine == 7 ? 8 : 7);
       EXPECT_TORCH_ERROR(
-          t.pool->releaseCurrentThreadSlot(),
+          t.pool->slots().releaseCurrentThreadSlot(),
           "release_current_thread_slot(): the calling thread is inside "
           "a stream context");
       EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
     }
-    EXPECT_EQ(t.pool->currentIndex(), mine);
-    t.pool->releaseCurrentThreadSlot();
+    EXPECT_EQ(t.pool->slots().currentIndex(), mine);
+    t.pool->slots().releaseCurrentThreadSlot();
     EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
     return 0;
   });
@@ -557,14 +553,15 @@ TEST(StreamPoolTest, ReleasingTheLeaseInsideAStreamGuardIsRefused) {
 TEST(StreamPoolTest, ReleaseInsideAGuardOnTheOwnStreamIsRefused) {
   PoolUnderTest t(options({ExhaustionPolicy::kThrow, {}}));
   onThread([&] {
-    const StreamIndex mine = t.pool->currentIndex();
+    const StreamIndex mine = t.pool->slots().currentIndex();
     {
       sim::CurrentStreamGuard<Pool> g(*t.pool, mine);
       EXPECT_TORCH_ERROR(
-          t.pool->releaseCurrentThreadSlot(), "inside a stream context");
+          t.pool->slots().releaseCurrentThreadSlot(),
+          "inside a stream context");
     }
-    EXPECT_EQ(t.pool->currentIndex(), mine);
-    t.pool->releaseCurrentThreadSlot();
+    EXPECT_EQ(t.pool->slots().currentIndex(), mine);
+    t.pool->slots().releaseCurrentThreadSlot();
     EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
     return 0;
   });
@@ -575,12 +572,13 @@ TEST(StreamPoolTest, ReleaseInsideAGuardOnTheOwnStreamIsRefused) {
 TEST(StreamPoolTest, ReleaseAfterSetStreamElsewhereWaitsForTheWayBack) {
   PoolUnderTest t;
   onThread([&] {
-    const StreamIndex mine = t.pool->currentIndex();
+    const StreamIndex mine = t.pool->slots().currentIndex();
     const StreamIndex other = mine == 7 ? 8 : 7;
     EXPECT_EQ(t.pool->exchangeCurrentIndex(other), mine);
-    EXPECT_TORCH_ERROR(t.pool->releaseCurrentThreadSlot(), "set_stream");
+    EXPECT_TORCH_ERROR(
+        t.pool->slots().releaseCurrentThreadSlot(), "set_stream");
     EXPECT_EQ(t.pool->exchangeCurrentIndex(mine), other);
-    t.pool->releaseCurrentThreadSlot();
+    t.pool->slots().releaseCurrentThreadSlot();
     EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
     return 0;
   });
@@ -591,28 +589,26 @@ TEST(StreamPoolTest, ReleaseAfterSetStreamElsewhereWaitsForTheWayBack) {
 TEST(StreamPoolTest, GuardAfterAReleaseLeasesOnEntryNotOnExit) {
   PoolUnderTest t;
   onThread([&] {
-    const StreamIndex first = t.pool->currentIndex();
-    t.pool->releaseCurrentThreadSlot();
+    const StreamIndex first = t.pool->slots().currentIndex();
+    t.pool->slots().releaseCurrentThreadSlot();
     StreamIndex leased = -1;
     {
       sim::CurrentStreamGuard<Pool> g(*t.pool, first == 7 ? 8 : 7);
       leased = g.previous();
       EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
     }
-    EXPECT_EQ(t.pool->currentIndex(), leased);
+    EXPECT_EQ(t.pool->slots().currentIndex(), leased);
     EXPECT_EQ(t.pool->slots().leasedSlots(), 1);
     return 0;
   });
 }
 
-TEST(StreamIdTest, MapsSlotIndicesToStreamIdsAndBack) {
+TEST(StreamIdTest, MapsStreamIdsToSlotIndices) {
   for (StreamIndex i = 0; i < kStreamsPerPool; ++i) {
-    EXPECT_EQ(at::mps::streamIndexFromId(at::mps::streamIdFromIndex(i)), i);
+    EXPECT_EQ(at::mps::streamIndexFromId(i), i);
   }
-  EXPECT_EQ(at::mps::streamIdFromIndex(0), 0);
   EXPECT_TORCH_ERROR(at::mps::streamIndexFromId(32), "stream_id=32");
   EXPECT_TORCH_ERROR(at::mps::streamIndexFromId(-3), "stream_id=-3");
-  EXPECT_TORCH_ERROR(at::mps::streamIdFromIndex(33), "index=33");
 }
 
 TEST(StreamPoolTest, SynchronizeAllCoversEveryCreatedStreamOnly) {
@@ -648,12 +644,12 @@ TEST(StreamPoolTest, ChildAfterForkGetsAClearError) {
   const int child = inForkedChild([&] {
     int failures = 0;
     for (auto fn : std::vector<std::function<void()>>{
-             [&] { t.pool->currentIndex(); },
+             [&] { t.pool->slots().currentIndex(); },
              [&] { t.pool->currentStream(); },
              [&] { t.pool->stream(1); },
-             [&] { t.pool->streamFromPool(); },
+             [&] { t.pool->stream(t.pool->slots().nextPoolIndex()); },
              [&] { t.pool->synchronizeAll(); },
-             [&] { t.pool->releaseCurrentThreadSlot(); }}) {
+             [&] { t.pool->slots().releaseCurrentThreadSlot(); }}) {
       try {
         fn();
       } catch (const c10::Error& e) {
@@ -662,10 +658,10 @@ TEST(StreamPoolTest, ChildAfterForkGetsAClearError) {
     }
     // A pool made in the child itself works.
     PoolUnderTest fresh(options({}, /*main_thread=*/true));
-    return failures == 6 && fresh.pool->currentIndex() == 0 ? 0 : 1;
+    return failures == 6 && fresh.pool->slots().currentIndex() == 0 ? 0 : 1;
   });
   EXPECT_EQ(child, 0);
-  EXPECT_EQ(t.pool->currentIndex(), 0); // the parent is unaffected
+  EXPECT_EQ(t.pool->slots().currentIndex(), 0); // the parent is unaffected
 }
 
 // A leasing thread that forks and then ends the child with exit() runs its
@@ -674,13 +670,14 @@ TEST(StreamPoolTest, ChildAfterForkGetsAClearError) {
 TEST(StreamPoolTest, ThreadExitInAForkChildLeavesTheParentPoolAlone) {
   PoolUnderTest t;
   const pid_t parent = getpid();
-  t.pool->slots().setReleaseHook([parent](StreamIndex) {
-    if (getpid() != parent) {
-      _exit(42);
-    }
-  });
+  ON_CALL(*t.backend, onLeaseReleased(_))
+      .WillByDefault(Invoke([parent](FakeStream&) {
+        if (getpid() != parent) {
+          _exit(42);
+        }
+      }));
   const int child = onThread([&] {
-    EXPECT_GT(t.pool->currentIndex(), 0); // holds a lease
+    EXPECT_GT(t.pool->currentStream().index, 0); // holds a lease
     const pid_t pid = fork();
     if (pid == 0) {
       // The child never destroys the parent's pool or its mock.
@@ -710,7 +707,7 @@ TEST(StreamPoolDeathTest, ProcessExitWhileThreadsHoldLeasesIsClean) {
         harness::Latch leased(8);
         for (int i = 0; i < 8; ++i) {
           std::thread([&] {
-            pool->currentIndex();
+            pool->slots().currentIndex();
             leased.countDown();
             std::this_thread::sleep_for(std::chrono::hours(1));
           }).detach();
@@ -726,7 +723,7 @@ TEST(StreamPoolTest, ThreadExitingAfterPoolDestructionDoesNotTouchIt) {
   harness::Latch leased(1), pool_gone(1);
   auto t = std::make_unique<PoolUnderTest>();
   std::thread th([&] {
-    t->pool->currentIndex();
+    t->pool->slots().currentIndex();
     leased.countDown();
     pool_gone.wait();
   });
@@ -735,7 +732,7 @@ TEST(StreamPoolTest, ThreadExitingAfterPoolDestructionDoesNotTouchIt) {
   pool_gone.countDown();
   th.join(); // the lease's pool is gone: returning it must be a no-op
   PoolUnderTest again; // a new pool, possibly at the same address
-  EXPECT_EQ(onThread([&] { return again.pool->currentIndex(); }), 1);
+  EXPECT_EQ(onThread([&] { return again.pool->slots().currentIndex(); }), 1);
 }
 
 // ------------------------------------------------------------ with the sim

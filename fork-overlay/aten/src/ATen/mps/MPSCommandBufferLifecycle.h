@@ -122,16 +122,13 @@ class CommandBufferLifecycle {
     return encoder_;
   }
 
-  void endKernelCoalescing() MPS_EXCLUDES(mu_) {
+  // `signal_if_empty`: signal the pass's mark even if the pass is empty
+  // (Note [MPS cross-stream dependencies] says why).
+  void endKernelCoalescing(bool signal_if_empty = false) MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
-    endEncoder();
-  }
-
-  // endKernelCoalescing() that signals the pass's mark even if the pass is
-  // empty (Note [MPS cross-stream dependencies] says why).
-  void endPassSignalled() MPS_EXCLUDES(mu_) {
-    MutexLock lock(mu_);
-    markPassUsed();
+    if (signal_if_empty) {
+      markPassUsed();
+    }
     endEncoder();
   }
 
@@ -252,10 +249,6 @@ class CommandBufferLifecycle {
       errors_.erase(errors_.begin(), errors_.upper_bound(value));
       TORCH_CHECK(false, "MPS command buffer execution failed: ", message);
     }
-  }
-
-  const Ops& ops() const {
-    return ops_;
   }
 
  private:

@@ -41,15 +41,6 @@ BufferUses& BufferUseTable::getSlow(const void* key) {
   return *slot;
 }
 
-size_t BufferUseTable::size() const {
-  size_t n = 0;
-  for (const Shard& s : shards_) {
-    MutexLock lock(s.mu);
-    n += s.entries.size();
-  }
-  return n;
-}
-
 void DependencyTracker::registerStream(DependencyStream& stream) {
   streams_.at(stream.index()).store(&stream, std::memory_order_release);
 }
@@ -111,7 +102,8 @@ void DependencyTracker::useInPassSlow(
     Access access) {
   BufferUses& uses = table.get(key);
   hookEntry(consumer, key).store(&uses, std::memory_order_release);
-  use(consumer, uses, access, UseSite::kInPass);
+  const Use one{&uses, access};
+  use(consumer, &one, 1, UseSite::kInPass);
 }
 
 // kInPass ops of several buffers never take it: their pass is open, so a
@@ -255,11 +247,9 @@ void DependencyTracker::resolve(
     }
     if (site == UseSite::kInPass) {
       waitFor(consumer, producer, need.point, Until::kCompleted);
-      cpu_waits_.fetch_add(1, std::memory_order_relaxed);
     } else if (!committed) {
       // Progress rule 1: only committed marks are waited for on the GPU.
       waitFor(consumer, producer, need.point, Until::kCommitted);
-      commit_waits_.fetch_add(1, std::memory_order_relaxed);
     }
   }
   if (site == UseSite::kInPass) {
@@ -271,7 +261,6 @@ void DependencyTracker::resolve(
         *streams_[need.stream].load(std::memory_order_acquire);
     if (producer.completedMark() < need.point) {
       consumer.encodeWait(producer, need.point);
-      gpu_waits_.fetch_add(1, std::memory_order_relaxed);
     }
   }
 }

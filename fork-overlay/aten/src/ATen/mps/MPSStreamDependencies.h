@@ -204,12 +204,11 @@ class TORCH_API BufferUseTable {
     e = {id_, key, &uses};
     return uses;
   }
-  size_t size() const;
 
  private:
   static constexpr size_t kShards = 64;
   struct Shard {
-    mutable Mutex mu;
+    Mutex mu;
     std::unordered_map<const void*, std::unique_ptr<BufferUses>> entries
         MPS_GUARDED_BY(mu);
   };
@@ -237,20 +236,6 @@ class TORCH_API DependencyTracker {
       const Use* uses,
       size_t count,
       UseSite site);
-  void use(
-      DependencyStream& consumer,
-      const std::vector<Use>& uses,
-      UseSite site) {
-    use(consumer, uses.data(), uses.size(), site);
-  }
-  void use(
-      DependencyStream& consumer,
-      BufferUses& buffer,
-      Access access,
-      UseSite site) {
-    const Use one{&buffer, access};
-    use(consumer, &one, 1, site);
-  }
 
   // The per-kernel hook: a kInPass use of `key`'s buffer in `table`. Inline
   // (a cache lookup, one load) if the pass already recorded it, as coalesced
@@ -279,18 +264,6 @@ class TORCH_API DependencyTracker {
       }
     }
     useInPassSlow(consumer, table, key, access);
-  }
-
-  // Waits observed so far, for tests and benchmarks.
-  uint64_t gpuWaits() const {
-    return gpu_waits_.load(std::memory_order_relaxed);
-  }
-  uint64_t cpuWaits() const {
-    return cpu_waits_.load(std::memory_order_relaxed);
-  }
-  // Waits for another stream's commit before encoding a GPU wait.
-  uint64_t commitWaits() const {
-    return commit_waits_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -340,9 +313,6 @@ class TORCH_API DependencyTracker {
   std::array<std::atomic<DependencyStream*>, kStreamsPerPool> streams_{};
   // Each blocked stream's awaited (stream, mark) packed as last_write_, or 0.
   std::array<std::atomic<uint64_t>, kStreamsPerPool> waiting_on_{};
-  std::atomic<uint64_t> gpu_waits_{0};
-  std::atomic<uint64_t> cpu_waits_{0};
-  std::atomic<uint64_t> commit_waits_{0};
 };
 
 } // namespace at::mps

@@ -14,11 +14,6 @@
 
 namespace at::mps {
 
-int64_t streamIdFromIndex(StreamIndex index) {
-  checkStreamIndex(index);
-  return static_cast<int64_t>(index);
-}
-
 StreamIndex streamIndexFromId(int64_t stream_id) {
   TORCH_CHECK(
       stream_id >= 0 && stream_id < kStreamsPerPool,
@@ -190,7 +185,9 @@ namespace {
 thread_local ThreadBindings tls_bindings;
 } // namespace
 
-StreamSlotPool::StreamSlotPool(StreamPoolOptions options)
+StreamSlotPool::StreamSlotPool(
+    StreamPoolOptions options,
+    std::function<void(StreamIndex)> release_hook)
     : id_([this] {
         auto& reg = registry();
         MutexLock lock(reg.mu);
@@ -204,7 +201,8 @@ StreamSlotPool::StreamSlotPool(StreamPoolOptions options)
         TORCH_CHECK(registered, "MPS stream pool: pthread_atfork failed");
         return fork_generation_counter_.load(std::memory_order_relaxed);
       }()),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      release_hook_(std::move(release_hook)) {
   MutexLock lock(mu_);
   for (StreamIndex i = kStreamsPerPool - 1; i > kDefaultStreamIndex; --i) {
     free_slots_.push_back(i);
@@ -215,10 +213,6 @@ StreamSlotPool::~StreamSlotPool() {
   auto& reg = registry();
   MutexLock lock(reg.mu);
   reg.pools.erase(id_);
-}
-
-void StreamSlotPool::setReleaseHook(std::function<void(StreamIndex)> hook) {
-  release_hook_ = std::move(hook);
 }
 
 void StreamSlotPool::failForked() {
@@ -306,9 +300,7 @@ StreamSlotPool::Acquired StreamSlotPool::acquireWorkerSlot(
 }
 
 void StreamSlotPool::returnSlot(StreamIndex index) {
-  if (release_hook_) {
-    release_hook_(index);
-  }
+  release_hook_(index);
   {
     MutexLock lock(mu_);
     free_slots_.push_back(index);

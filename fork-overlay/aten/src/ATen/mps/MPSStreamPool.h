@@ -52,7 +52,6 @@ inline void checkStreamIndex(StreamIndex index) {
 // stream, ids are never negative, and any other id is rejected by name.
 static_assert(kDefaultStreamIndex == 0, "id 0 must stay the default stream");
 
-TORCH_API int64_t streamIdFromIndex(StreamIndex index);
 TORCH_API StreamIndex streamIndexFromId(int64_t stream_id);
 
 constexpr const char* kWaitTimeoutEnvVar = "MPS_STREAM_POOL_WAIT_TIMEOUT_MS";
@@ -160,7 +159,11 @@ TORCH_API void releaseMainCache();
 // unregistered has nothing to return.
 class TORCH_API StreamSlotPool {
  public:
-  explicit StreamSlotPool(StreamPoolOptions options);
+  // The returning thread calls `release_hook` with each lease's slot before
+  // the slot is offered again, so the owner can flush work left on it.
+  StreamSlotPool(
+      StreamPoolOptions options,
+      std::function<void(StreamIndex)> release_hook);
   ~StreamSlotPool();
 
   // A `query` never waits or throws (Note [MPS stream queries]); an op's first
@@ -188,10 +191,6 @@ class TORCH_API StreamSlotPool {
 
   int leasedSlots() const MPS_EXCLUDES(mu_);
   bool currentThreadHoldsLease() const;
-
-  // Called by the returning thread with each lease's slot before the slot is
-  // offered again, so the owner can flush work left on that stream.
-  void setReleaseHook(std::function<void(StreamIndex)> hook);
 
   void cacheStream(StreamIndex index, void* stream);
 
@@ -223,7 +222,7 @@ class TORCH_API StreamSlotPool {
   const uint64_t fork_generation_;
   const StreamPoolOptions options_;
   std::atomic<uint32_t> round_robin_{0};
-  std::function<void(StreamIndex)> release_hook_;
+  const std::function<void(StreamIndex)> release_hook_;
 
   mutable Mutex mu_;
   CondVar slot_freed_;
@@ -249,13 +248,13 @@ class StreamPool {
   StreamPool(
       std::unique_ptr<StreamBackend<StreamT>> backend,
       StreamPoolOptions options)
-      : backend_(std::move(backend)), slots_(std::move(options)) {
+      : backend_(std::move(backend)),
+        slots_(std::move(options), [this](StreamIndex index) {
+          if (StreamT* s = streams_[index].load(std::memory_order_acquire)) {
+            backend_->onLeaseReleased(*s);
+          }
+        }) {
     TORCH_CHECK(backend_ != nullptr, "StreamPool: backend must not be null");
-    slots_.setReleaseHook([this](StreamIndex index) {
-      if (StreamT* s = streams_[index].load(std::memory_order_acquire)) {
-        backend_->onLeaseReleased(*s);
-      }
-    });
   }
 
   // Only tests destroy pools; see Note [MPS stream pool]. Members are
@@ -270,9 +269,6 @@ class StreamPool {
     return C10_LIKELY(s != nullptr) ? *s : create(index);
   }
 
-  StreamT& defaultStream() {
-    return stream(kDefaultStreamIndex);
-  }
   // `query`: see StreamSlotPool::currentIndex().
   StreamT& currentStream(bool query = false) {
     if (detail::ownsMainCache()) {
@@ -284,17 +280,8 @@ class StreamPool {
     }
     return threadCurrentStream(query);
   }
-  StreamIndex currentIndex() {
-    return slots_.currentIndex();
-  }
   StreamIndex exchangeCurrentIndex(StreamIndex index) {
     return slots_.exchangeCurrentIndex(index);
-  }
-  StreamT& streamFromPool() {
-    return stream(slots_.nextPoolIndex());
-  }
-  void releaseCurrentThreadSlot() {
-    slots_.releaseCurrentThreadSlot();
   }
 
   void synchronizeAll() {
@@ -306,9 +293,6 @@ class StreamPool {
     }
   }
 
-  bool isCreated(StreamIndex index) const {
-    return streams_.slots.at(index).load(std::memory_order_acquire) != nullptr;
-  }
   StreamSlotPool& slots() {
     return slots_;
   }
