@@ -2,7 +2,7 @@
 
 #include "harness.h"
 
-#include <ATen/mps/MPSEnvSwitch.h>
+#include <ATen/mps/MPSStreamPool.h>
 
 namespace {
 

@@ -1,6 +1,5 @@
 #pragma once
 
-#include <ATen/mps/MPSEnvSwitch.h>
 #include <ATen/mps/MPSStreamPool.h>
 #include <ATen/mps/MPSThreadAnnotations.h>
 #include <c10/util/Exception.h>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <unordered_map>
 
@@ -13,6 +14,30 @@
 #endif
 
 namespace at::mps {
+
+std::optional<bool> parseEnvSwitch(const EnvSwitch& sw, const char* value) {
+  if (value == nullptr || *value == '\0') {
+    return std::nullopt;
+  }
+  const bool on = std::strcmp(value, "1") == 0;
+  TORCH_CHECK(
+      on || std::strcmp(value, "0") == 0,
+      sw.name,
+      "='",
+      value,
+      "' is not valid. Accepted values: 1 (",
+      sw.on,
+      "), 0 (",
+      sw.off,
+      "), or unset (",
+      sw.unset,
+      ").");
+  return on;
+}
+
+std::optional<bool> readEnvSwitch(const EnvSwitch& sw) {
+  return parseEnvSwitch(sw, std::getenv(sw.name));
+}
 
 StreamIndex streamIndexFromId(int64_t stream_id) {
   TORCH_CHECK(
