@@ -401,7 +401,7 @@ inline fast_finish() {
 }
 
 inline lock_all() {
-  /* DependencyTracker::lockAll, in address (here: index) order */
+  /* DependencyTracker::use locks, in address (here: index) order */
   if
   :: ub[1] == NONE_B -> atomic { !buf_lock[ub[0]] -> buf_lock[ub[0]] = 1 }
   :: ub[1] != NONE_B && ub[0] < ub[1] ->

@@ -45,11 +45,13 @@ void DependencyTracker::registerStream(DependencyStream& stream) {
   streams_.at(stream.index()).store(&stream, std::memory_order_release);
 }
 
+// Escape hatch: the number of locks depends on the op, which the analysis
+// cannot express.
 void DependencyTracker::use(
     DependencyStream& consumer,
     const Use* uses,
     size_t count,
-    UseSite site) {
+    UseSite site) MPS_NO_THREAD_SAFETY_ANALYSIS {
   const StreamIndex me = consumer.index();
   if (site == UseSite::kBeforeEncoding) {
     consumer.closePass(/*signal_if_empty=*/false); // the op gets its own mark
@@ -75,11 +77,15 @@ void DependencyTracker::use(
   std::sort(locked.begin(), locked.end());
   locked.erase(std::unique(locked.begin(), locked.end()), locked.end());
   std::vector<Need> needs;
-  lockAll(locked);
+  for (BufferUses* b : locked) {
+    b->mu_.lock();
+  }
   for (size_t i = 0; i < count; ++i) {
     record(me, mark, *uses[i].buffer, uses[i].access, needs);
   }
-  unlockAll(locked);
+  for (BufferUses* b : locked) {
+    b->mu_.unlock();
+  }
 
   // Resolve outside the buffers' locks: waiting here must never block another
   // stream that only wants to record a use. One wait per producer suffices.
@@ -100,9 +106,8 @@ void DependencyTracker::useInPassSlow(
     BufferUseTable& table,
     const void* key,
     Access access) {
-  BufferUses& uses = table.get(key);
-  hookEntry(consumer, key).store(&uses, std::memory_order_release);
-  const Use one{&uses, access};
+  const Use one{&table.get(key), access};
+  hookEntry(consumer, key).store(one.buffer, std::memory_order_release);
   use(consumer, &one, 1, UseSite::kInPass);
 }
 
@@ -144,23 +149,7 @@ DependencyTracker::FastPath DependencyTracker::tryFastPath(
   return FastPath::kRecorded;
 }
 
-// Escape hatch: the number of locks depends on the op, which the analysis
-// cannot express; use() pairs these calls.
-void DependencyTracker::lockAll(const std::vector<BufferUses*>& buffers)
-    MPS_NO_THREAD_SAFETY_ANALYSIS {
-  for (BufferUses* b : buffers) {
-    b->mu_.lock();
-  }
-}
-
-void DependencyTracker::unlockAll(const std::vector<BufferUses*>& buffers)
-    MPS_NO_THREAD_SAFETY_ANALYSIS {
-  for (BufferUses* b : buffers) {
-    b->mu_.unlock();
-  }
-}
-
-// Called by use() with `buffer`'s lock held (see lockAll).
+// Called by use() with `buffer`'s lock held.
 void DependencyTracker::record(
     StreamIndex me,
     uint64_t point,
@@ -245,11 +234,14 @@ void DependencyTracker::resolve(
       }
       producer.flushAsync(need.point);
     }
-    if (site == UseSite::kInPass) {
-      waitFor(consumer, producer, need.point, Until::kCompleted);
-    } else if (!committed) {
-      // Progress rule 1: only committed marks are waited for on the GPU.
-      waitFor(consumer, producer, need.point, Until::kCommitted);
+    // Progress rule 1: only committed marks are waited for on the GPU.
+    if (site == UseSite::kInPass || !committed) {
+      waitFor(
+          consumer,
+          producer,
+          need.point,
+          site == UseSite::kInPass ? &DependencyStream::waitCompleted
+                                   : &DependencyStream::waitCommitted);
     }
   }
   if (site == UseSite::kInPass) {
@@ -312,35 +304,28 @@ void DependencyTracker::waitFor(
     DependencyStream& consumer,
     DependencyStream& producer,
     uint64_t point,
-    Until until) {
+    void (DependencyStream::*wait)(uint64_t)) {
   const StreamIndex me = consumer.index();
   std::atomic<uint64_t>& mine = waiting_on_[me];
   mine.store(pack(producer.index(), point), std::memory_order_seq_cst);
-  if (waitsForItself(me, producer.index(), point)) {
-    mine.store(0, std::memory_order_seq_cst);
-    TORCH_CHECK(
-        false,
-        "MPS stream ",
-        me,
-        " and stream ",
-        producer.index(),
-        " each need work the other has not submitted, and one of them is "
-        "encoding a Metal kernel that reads a buffer the other one is "
-        "still writing, so neither can go first. Order the two threads "
-        "(torch.mps.synchronize(), an Event, or Stream.wait_stream) or let "
-        "one finish before the other uses its outputs.");
-  }
-  try {
-    if (until == Until::kCommitted) {
-      producer.waitCommitted(point);
-    } else {
-      producer.waitCompleted(point);
+  struct Unpublish {
+    std::atomic<uint64_t>& word;
+    ~Unpublish() {
+      word.store(0, std::memory_order_seq_cst);
     }
-  } catch (...) {
-    mine.store(0, std::memory_order_seq_cst);
-    throw;
-  }
-  mine.store(0, std::memory_order_seq_cst);
+  } unpublish{mine};
+  TORCH_CHECK(
+      !waitsForItself(me, producer.index(), point),
+      "MPS stream ",
+      me,
+      " and stream ",
+      producer.index(),
+      " each need work the other has not submitted, and one of them is "
+      "encoding a Metal kernel that reads a buffer the other one is "
+      "still writing, so neither can go first. Order the two threads "
+      "(torch.mps.synchronize(), an Event, or Stream.wait_stream) or let "
+      "one finish before the other uses its outputs.");
+  (producer.*wait)(point);
 }
 
 } // namespace at::mps

@@ -288,8 +288,6 @@ class TORCH_API DependencyTracker {
       uint64_t mark,
       const Use* uses,
       size_t count);
-  static void lockAll(const std::vector<BufferUses*>& buffers);
-  static void unlockAll(const std::vector<BufferUses*>& buffers);
   // Records one use (buffer locked); appends what it must wait for to `needs`.
   void record(
       StreamIndex me,
@@ -302,13 +300,12 @@ class TORCH_API DependencyTracker {
       const std::vector<Need>& needs,
       UseSite site);
   bool waitsForItself(StreamIndex me, StreamIndex stream, uint64_t mark) const;
-  enum class Until : uint8_t { kCommitted, kCompleted };
-  // Publishes the wait in waiting_on_, then blocks until `point`.
+  // Publishes the wait in waiting_on_, then blocks in `wait`(point).
   void waitFor(
       DependencyStream& consumer,
       DependencyStream& producer,
       uint64_t point,
-      Until until);
+      void (DependencyStream::*wait)(uint64_t));
 
   std::array<std::atomic<DependencyStream*>, kStreamsPerPool> streams_{};
   // Each blocked stream's awaited (stream, mark) packed as last_write_, or 0.
