@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <vector>
 
 // A test build's hook, run just after the fast path published an op's buffer
 // `i`: a takeover then must not make two streams wait for each other.
@@ -76,7 +77,7 @@ void DependencyTracker::use(
   }
   std::sort(locked.begin(), locked.end());
   locked.erase(std::unique(locked.begin(), locked.end()), locked.end());
-  std::vector<Need> needs;
+  Needs needs{};
   for (BufferUses* b : locked) {
     b->mu_.lock();
   }
@@ -88,16 +89,7 @@ void DependencyTracker::use(
   }
 
   // Resolve outside the buffers' locks: waiting here must never block another
-  // stream that only wants to record a use. One wait per producer suffices.
-  std::sort(needs.begin(), needs.end(), [](const Need& a, const Need& b) {
-    return a.stream != b.stream ? a.stream < b.stream : a.point > b.point;
-  });
-  needs.erase(
-      std::unique(
-          needs.begin(),
-          needs.end(),
-          [](const Need& a, const Need& b) { return a.stream == b.stream; }),
-      needs.end());
+  // stream that only wants to record a use.
   resolve(consumer, needs, site);
 }
 
@@ -155,7 +147,7 @@ void DependencyTracker::record(
     uint64_t point,
     BufferUses& buffer,
     Access access,
-    std::vector<Need>& needs) MPS_NO_THREAD_SAFETY_ANALYSIS {
+    Needs& needs) MPS_NO_THREAD_SAFETY_ANALYSIS {
   // The same pass wrote it already (Note [MPS cross-stream dependencies]).
   if (buffer.wrote_at_[me] == point) {
     return;
@@ -179,7 +171,7 @@ void DependencyTracker::record(
     DependencyStream* producer = streams_[s].load(std::memory_order_acquire);
     TORCH_INTERNAL_ASSERT(producer != nullptr, "unregistered MPS stream ", s);
     if (producer->completedMark() < p) {
-      needs.push_back({s, p});
+      needs[s] = std::max(needs[s], p);
     }
   };
   if (buffer.last_write_ != 0 && streamOf(buffer.last_write_) != me) {
@@ -217,29 +209,28 @@ void DependencyTracker::record(
 
 void DependencyTracker::resolve(
     DependencyStream& consumer,
-    const std::vector<Need>& needs,
+    const Needs& needs,
     UseSite site) {
   bool committed_own = false;
-  for (const Need& need : needs) {
-    DependencyStream& producer =
-        *streams_[need.stream].load(std::memory_order_acquire);
-    if (producer.completedMark() >= need.point) {
+  for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+    DependencyStream* producer = streams_[s].load(std::memory_order_acquire);
+    if (needs[s] == 0 || producer->completedMark() >= needs[s]) {
       continue;
     }
-    const bool committed = producer.committedMark() >= need.point;
+    const bool committed = producer->committedMark() >= needs[s];
     if (!committed) {
       if (site == UseSite::kBeforeEncoding && !committed_own) {
         consumer.commitOpen();
         committed_own = true;
       }
-      producer.flushAsync(need.point);
+      producer->flushAsync(needs[s]);
     }
     // Progress rule 1: only committed marks are waited for on the GPU.
     if (site == UseSite::kInPass || !committed) {
       waitFor(
           consumer,
-          producer,
-          need.point,
+          *producer,
+          needs[s],
           site == UseSite::kInPass ? &DependencyStream::waitCompleted
                                    : &DependencyStream::waitCommitted);
     }
@@ -248,11 +239,10 @@ void DependencyTracker::resolve(
     return;
   }
   // Every mark is committed now; the waits join the op's (still empty) pass.
-  for (const Need& need : needs) {
-    DependencyStream& producer =
-        *streams_[need.stream].load(std::memory_order_acquire);
-    if (producer.completedMark() < need.point) {
-      consumer.encodeWait(producer, need.point);
+  for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+    DependencyStream* producer = streams_[s].load(std::memory_order_acquire);
+    if (needs[s] != 0 && producer->completedMark() < needs[s]) {
+      consumer.encodeWait(*producer, needs[s]);
     }
   }
 }

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
-#include <vector>
 
 namespace at::mps {
 
@@ -267,10 +266,8 @@ class TORCH_API DependencyTracker {
   }
 
  private:
-  struct Need {
-    StreamIndex stream;
-    uint64_t point;
-  };
+  // Per producer stream, the latest mark to wait for; 0: none.
+  using Needs = std::array<uint64_t, kStreamsPerPool>;
   static std::atomic<BufferUses*>& hookEntry(
       DependencyStream& consumer,
       const void* key) {
@@ -288,17 +285,14 @@ class TORCH_API DependencyTracker {
       uint64_t mark,
       const Use* uses,
       size_t count);
-  // Records one use (buffer locked); appends what it must wait for to `needs`.
+  // Records one use (buffer locked); adds what it must wait for to `needs`.
   void record(
       StreamIndex me,
       uint64_t mark,
       BufferUses& buffer,
       Access access,
-      std::vector<Need>& needs);
-  void resolve(
-      DependencyStream& consumer,
-      const std::vector<Need>& needs,
-      UseSite site);
+      Needs& needs);
+  void resolve(DependencyStream& consumer, const Needs& needs, UseSite site);
   bool waitsForItself(StreamIndex me, StreamIndex stream, uint64_t mark) const;
   // Publishes the wait in waiting_on_, then blocks in `wait`(point).
   void waitFor(
