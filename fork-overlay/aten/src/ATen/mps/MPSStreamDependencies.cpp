@@ -189,13 +189,11 @@ void DependencyTracker::record(
   } else {
     buffer.reads_[me] = std::max(buffer.reads_[me], point);
   }
-  const bool writer_is_me =
-      buffer.last_write_ == 0 || streamOf(buffer.last_write_) == me;
-  bool others_read = false;
+  bool only_me = buffer.last_write_ == 0 || streamOf(buffer.last_write_) == me;
   for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
-    others_read |= s != me && buffer.reads_[s] != 0;
+    only_me &= s == me || buffer.reads_[s] == 0;
   }
-  if (writer_is_me && !others_read) {
+  if (only_me) {
     // Hand the buffer to the fast path, records folded into the word.
     const uint64_t word = BufferUses::soleWord(
         me,
