@@ -73,14 +73,14 @@ TEST_F(GlueTest, ReleaseCurrentThreadSlotReturnsTheLeaseAndTheNextUseLeasesAgain
 
 TEST_F(GlueTest, SetCurrentStreamMovesTheThreadsOpsToThatStream) {
   MPSStream* other = at::mps::getMPSStream(5);
-  at::mps::getMPSStreamPool().exchangeCurrentIndex(other->index());
+  at::mps::getMPSStreamPool().slots().exchangeCurrentIndex(other->index());
   EXPECT_EQ(at::mps::getCurrentMPSStream(), other);
   c10::DataPtr data = glue::allocated(256);
   glue::encodeIncrement(glue::bufferOf(data));
   EXPECT_GT(other->pendingCommitPoint(), 0u);
   other->synchronize(at::mps::SyncType::COMMIT_AND_WAIT);
   EXPECT_EQ(glue::words(glue::bufferOf(data))[0], 1);
-  at::mps::getMPSStreamPool().exchangeCurrentIndex(at::mps::kDefaultStreamIndex);
+  at::mps::getMPSStreamPool().slots().exchangeCurrentIndex(at::mps::kDefaultStreamIndex);
   EXPECT_EQ(at::mps::getCurrentMPSStream(), at::mps::getDefaultMPSStream());
 }
 

@@ -266,9 +266,9 @@ template <typename Pool>
 class CurrentStreamGuard {
  public:
   CurrentStreamGuard(Pool& pool, at::mps::StreamIndex index)
-      : pool_(pool), previous_(pool.exchangeCurrentIndex(index)) {}
+      : pool_(pool), previous_(pool.slots().exchangeCurrentIndex(index)) {}
   ~CurrentStreamGuard() {
-    pool_.exchangeCurrentIndex(previous_);
+    pool_.slots().exchangeCurrentIndex(previous_);
   }
   CurrentStreamGuard(const CurrentStreamGuard&) = delete;
   CurrentStreamGuard& operator=(const CurrentStreamGuard&) = delete;

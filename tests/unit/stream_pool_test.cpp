@@ -157,7 +157,7 @@ TEST(StreamPoolTest, RejectsOutOfRangeIndices) {
   PoolUnderTest t;
   EXPECT_TORCH_ERROR(t.pool->stream(-1), "index=-1");
   EXPECT_TORCH_ERROR(t.pool->stream(kStreamsPerPool), "index=32");
-  EXPECT_TORCH_ERROR(t.pool->exchangeCurrentIndex(40), "index=40");
+  EXPECT_TORCH_ERROR(t.pool->slots().exchangeCurrentIndex(40), "index=40");
 }
 
 TEST(StreamPoolTest, RejectsNullBackend) {
@@ -232,7 +232,7 @@ TEST(StreamPoolTest, ReleasedSlotIsReusedAndHookFlushesIt) {
 TEST(StreamPoolTest, ReleaseWithoutLeaseIsANoOp) {
   PoolUnderTest t(options({}, /*main_thread=*/true));
   EXPECT_CALL(*t.backend, onLeaseReleased(_)).Times(0);
-  t.pool->exchangeCurrentIndex(5);
+  t.pool->slots().exchangeCurrentIndex(5);
   t.pool->slots().releaseCurrentThreadSlot();
   EXPECT_EQ(t.pool->slots().currentIndex(), 5);
 }
@@ -241,7 +241,7 @@ TEST(StreamPoolTest, ThreadsBindPerPool) {
   PoolUnderTest a, b;
   onThread([&] {
     EXPECT_EQ(a.pool->slots().currentIndex(), 1);
-    a.pool->exchangeCurrentIndex(9);
+    a.pool->slots().exchangeCurrentIndex(9);
     EXPECT_EQ(b.pool->slots().currentIndex(), 1);
     EXPECT_EQ(a.pool->slots().currentIndex(), 9);
     EXPECT_EQ(b.pool->slots().currentIndex(), 1);
@@ -270,7 +270,7 @@ TEST(StreamPoolTest, TheMainThreadsGlobalCacheFollowsItsCurrentSlot) {
   ASSERT_TRUE(at::mps::detail::ownsMainCache());
   EXPECT_TRUE(agree());
   for (StreamIndex index : {5, 7, 5, 0}) {
-    t.pool->exchangeCurrentIndex(index);
+    t.pool->slots().exchangeCurrentIndex(index);
     EXPECT_TRUE(agree()) << "exchanging in " << index;
     EXPECT_EQ(t.pool->slots().currentIndex(), index);
     EXPECT_EQ(t.pool->currentStream().index, index);
@@ -389,9 +389,9 @@ TEST(StreamPoolTest, AGuardOnAnExhaustedPoolNeitherWaitsNorThrows) {
     onThread([&] {
       const StreamIndex saved = t.pool->slots().currentIndex(/*query=*/true);
       EXPECT_GE(saved, 1);
-      EXPECT_EQ(t.pool->exchangeCurrentIndex(5), saved);
+      EXPECT_EQ(t.pool->slots().exchangeCurrentIndex(5), saved);
       EXPECT_EQ(t.pool->slots().currentIndex(), 5);
-      EXPECT_EQ(t.pool->exchangeCurrentIndex(saved), 5);
+      EXPECT_EQ(t.pool->slots().exchangeCurrentIndex(saved), 5);
       EXPECT_EQ(t.pool->slots().currentIndex(/*query=*/true), saved);
       EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
       EXPECT_EQ(t.pool->slots().leasedSlots(), kWorkerStreams);
@@ -574,10 +574,10 @@ TEST(StreamPoolTest, ReleaseAfterSetStreamElsewhereWaitsForTheWayBack) {
   onThread([&] {
     const StreamIndex mine = t.pool->slots().currentIndex();
     const StreamIndex other = mine == 7 ? 8 : 7;
-    EXPECT_EQ(t.pool->exchangeCurrentIndex(other), mine);
+    EXPECT_EQ(t.pool->slots().exchangeCurrentIndex(other), mine);
     EXPECT_TORCH_ERROR(
         t.pool->slots().releaseCurrentThreadSlot(), "set_stream");
-    EXPECT_EQ(t.pool->exchangeCurrentIndex(mine), other);
+    EXPECT_EQ(t.pool->slots().exchangeCurrentIndex(mine), other);
     t.pool->slots().releaseCurrentThreadSlot();
     EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
     return 0;

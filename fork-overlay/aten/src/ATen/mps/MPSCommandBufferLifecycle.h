@@ -71,8 +71,8 @@ inline bool resolveCommitAndContinue(
 // GPU signal of the stream's timeline event at the next pass mark, awaited
 // by other streams (Note [MPS cross-stream dependencies]).
 //
-// Ops must provide (Queue, Buffer, Encoder: copyable handles; what make*()
-// returns is owned by the caller):
+// Ops must provide (Queue, Buffer, Encoder: copyable handles, false when
+// empty; what make*() returns is non-empty and owned by the caller):
 //   Buffer makeBuffer(const Queue&); Encoder makeComputeEncoder(Buffer);
 //   void endEncoding(Encoder);                  ends and releases it
 //   void commit(Buffer); void release(Buffer);
@@ -95,14 +95,11 @@ class CommandBufferLifecycle {
   // Commits what is left (even a clean buffer that commitAndContinue kept
   // open) and waits, so no completion handler outlives the object.
   ~CommandBufferLifecycle() {
-    uint64_t last = 0;
     {
       MutexLock lock(mu_);
-      endEncoder();
-      commitOpen(/*keep_open=*/false, /*even_if_clean=*/true);
-      last = lastCommitPoint();
+      dirty_ = true;
     }
-    waitForCommitPoint(last);
+    synchronize(SyncType::COMMIT_AND_WAIT);
   }
 
   Buffer commandBuffer() MPS_EXCLUDES(mu_) {
@@ -114,9 +111,8 @@ class CommandBufferLifecycle {
   Encoder commandEncoder() MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     dirty_ = pass_has_work_ = true;
-    if (!has_encoder_) {
+    if (!encoder_) {
       encoder_ = ops_.makeComputeEncoder(openBuffer());
-      has_encoder_ = true;
     }
     return encoder_;
   }
@@ -150,12 +146,10 @@ class CommandBufferLifecycle {
         case SyncType::NONE:
           return;
         case SyncType::COMMIT_ADAPTIVE:
-          if (ops_.lowWatermarkReached()) {
+        case SyncType::COMMIT:
+          if (sync_type == SyncType::COMMIT || ops_.lowWatermarkReached()) {
             commitOpen(commit_and_continue_);
           }
-          return;
-        case SyncType::COMMIT:
-          commitOpen(commit_and_continue_);
           return;
         case SyncType::COMMIT_AND_CONTINUE:
           TORCH_INTERNAL_ASSERT(
@@ -252,9 +246,8 @@ class CommandBufferLifecycle {
 
  private:
   Buffer openBuffer() MPS_REQUIRES(mu_) {
-    if (!has_buffer_) {
+    if (!buffer_) {
       buffer_ = ops_.makeBuffer(queue_);
-      has_buffer_ = true;
     }
     return buffer_;
   }
@@ -266,9 +259,9 @@ class CommandBufferLifecycle {
 
   // Ends the open pass: its encoder, and its mark if it carried work.
   void endEncoder() MPS_REQUIRES(mu_) {
-    if (has_encoder_) {
+    if (encoder_) {
       ops_.endEncoding(encoder_);
-      has_encoder_ = false;
+      encoder_ = {};
     }
     if (pass_has_work_) {
       const uint64_t mark = open_mark_.load(std::memory_order_relaxed);
@@ -279,17 +272,15 @@ class CommandBufferLifecycle {
   }
 
   // Commits the open buffer as the next commit point, unless it is clean.
-  void commitOpen(bool keep_open, bool even_if_clean = false) MPS_REQUIRES(mu_)
-      MPS_EXCLUDES(timeline_mu_) {
-    if (!has_buffer_ || (!dirty_ && !even_if_clean)) {
+  void commitOpen(bool keep_open) MPS_REQUIRES(mu_) MPS_EXCLUDES(timeline_mu_) {
+    if (!buffer_ || !dirty_) {
       return;
     }
     dirty_ = false;
-    uint64_t point = 0;
-    {
+    const uint64_t point = [this] {
       MutexLock tl(timeline_mu_);
-      point = ++committed_;
-    }
+      return ++committed_;
+    }();
     ops_.addCompletedHandler(
         buffer_, [this, point](const CompletionStatus& status) {
           markCompleted(point, status);
@@ -301,7 +292,7 @@ class CommandBufferLifecycle {
     } else {
       ops_.commit(buffer_);
       ops_.release(buffer_);
-      has_buffer_ = false;
+      buffer_ = {};
     }
     // Published after the commit: other streams wait only for marks seen here.
     MutexLock tl(timeline_mu_);
@@ -350,7 +341,6 @@ class CommandBufferLifecycle {
 
   // Completion handlers take only timeline_mu_.
   mutable Mutex mu_ MPS_ACQUIRED_BEFORE(timeline_mu_);
-  bool has_buffer_ MPS_GUARDED_BY(mu_) = false;
   // Set when the buffer or encoder is handed out, cleared by a commit.
   bool dirty_ MPS_GUARDED_BY(mu_) = false;
   // Set with dirty_, cleared when the pass ends (and its mark is signalled).
@@ -360,7 +350,6 @@ class CommandBufferLifecycle {
   std::atomic<uint64_t> open_mark_{1};
   std::atomic<uint64_t> committed_mark_{0};
   Buffer buffer_ MPS_GUARDED_BY(mu_){};
-  bool has_encoder_ MPS_GUARDED_BY(mu_) = false;
   Encoder encoder_ MPS_GUARDED_BY(mu_){};
 
   mutable Mutex timeline_mu_;

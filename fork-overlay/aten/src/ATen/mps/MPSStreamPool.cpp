@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <unordered_map>
+#include <utility>
 
 #include <pthread.h>
 #include <unistd.h>
@@ -108,11 +109,7 @@ PoolRegistry& registry() {
   return *instance;
 }
 
-} // namespace
-
 using detail::tls_slot_cache;
-
-namespace {
 
 // All SlotCache writes go here; see Note [MPS main thread lookup].
 void setSlotCache(const detail::SlotCache& cache) {
@@ -178,9 +175,8 @@ struct ThreadBindings {
         return b;
       }
     }
-    bindings.push_back(
+    return bindings.emplace_back(
         Binding{pool.id_, -1, -1, false, pool.fork_generation_, {}});
-    return bindings.back();
   }
 
   ~ThreadBindings() {
@@ -188,10 +184,7 @@ struct ThreadBindings {
     for (const auto& b : bindings) {
       // In a fork child, leave the parent's pools: the release hook would
       // drive Metal, and the registry lock may have been copied held.
-      if (b.leased < 0 ||
-          b.fork_generation !=
-              StreamSlotPool::fork_generation_counter_.load(
-                  std::memory_order_relaxed)) {
+      if (b.leased < 0 || StreamSlotPool::forkedSince(b.fork_generation)) {
         continue;
       }
       // The registry lock keeps the pool alive (it unregisters before dying).
@@ -206,9 +199,7 @@ struct ThreadBindings {
   }
 };
 
-namespace {
-thread_local ThreadBindings tls_bindings;
-} // namespace
+static thread_local ThreadBindings tls_bindings;
 
 StreamSlotPool::StreamSlotPool(
     StreamPoolOptions options,
@@ -268,11 +259,11 @@ StreamIndex StreamSlotPool::currentIndexSlow(bool query) {
       b.current = kDefaultStreamIndex;
       claimMainCache();
     } else {
-      const Acquired got =
+      const StreamIndex leased =
           acquireWorkerSlot(query ? ExhaustionConfig{} : options_.exhaustion);
-      b.current = got.index;
-      b.leased = got.leased ? got.index : -1;
-      b.provisional = query && !got.leased &&
+      b.current = leased >= 0 ? leased : nextPoolIndex();
+      b.leased = leased;
+      b.provisional = query && leased < 0 &&
           options_.exhaustion.policy != ExhaustionPolicy::kShare;
     }
   }
@@ -282,15 +273,14 @@ StreamIndex StreamSlotPool::currentIndexSlow(bool query) {
   return b.current;
 }
 
-StreamSlotPool::Acquired StreamSlotPool::acquireWorkerSlot(
-    const ExhaustionConfig& cfg) {
+StreamIndex StreamSlotPool::acquireWorkerSlot(const ExhaustionConfig& cfg) {
   MutexLock lock(mu_);
   const auto has_free = [this]()
                             MPS_REQUIRES(mu_) { return !free_slots_.empty(); };
   if (!has_free()) {
     switch (cfg.policy) {
       case ExhaustionPolicy::kShare:
-        return {nextPoolIndex(), /*leased=*/false};
+        return -1;
       case ExhaustionPolicy::kThrow:
         TORCH_CHECK(
             false,
@@ -321,7 +311,7 @@ StreamSlotPool::Acquired StreamSlotPool::acquireWorkerSlot(
   }
   const StreamIndex slot = free_slots_.back();
   free_slots_.pop_back();
-  return {slot, /*leased=*/true};
+  return slot;
 }
 
 void StreamSlotPool::returnSlot(StreamIndex index) {
@@ -390,13 +380,11 @@ void StreamSlotPool::releaseCurrentThreadSlot() {
       ", leased slot ",
       b.leased,
       ")");
-  const StreamIndex leased = b.leased;
-  b.leased = -1;
   b.current = -1;
   if (tls_slot_cache.pool_id == id_) {
     setSlotCache({0, -1, nullptr});
   }
-  returnSlot(leased);
+  returnSlot(std::exchange(b.leased, -1));
 }
 
 int StreamSlotPool::leasedSlots() const {
@@ -405,12 +393,7 @@ int StreamSlotPool::leasedSlots() const {
 }
 
 bool StreamSlotPool::currentThreadHoldsLease() const {
-  for (const auto& b : tls_bindings.bindings) {
-    if (b.pool_id == id_) {
-      return b.leased > 0;
-    }
-  }
-  return false;
+  return tls_bindings.find(*this).leased > 0;
 }
 
 } // namespace at::mps

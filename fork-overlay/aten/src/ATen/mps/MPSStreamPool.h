@@ -29,9 +29,7 @@ struct EnvSwitch {
   const char* unset; // what leaving it unset does
 };
 
-TORCH_API std::optional<bool> parseEnvSwitch(
-    const EnvSwitch& sw,
-    const char* value);
+TORCH_API std::optional<bool> parseEnvSwitch(const EnvSwitch&, const char*);
 TORCH_API std::optional<bool> readEnvSwitch(const EnvSwitch& sw);
 
 // Note [MPS stream pool]
@@ -216,25 +214,24 @@ class TORCH_API StreamSlotPool {
   // Raises in a child forked after this pool was made. currentIndex()'s fast
   // path needs no check: the fork child handler clears the survivor's cache.
   void checkNotForked() const {
-    if (C10_UNLIKELY(
-            fork_generation_ !=
-            fork_generation_counter_.load(std::memory_order_relaxed))) {
+    if (C10_UNLIKELY(forkedSince(fork_generation_))) {
       failForked();
     }
   }
 
  private:
-  struct Acquired {
-    StreamIndex index;
-    bool leased; // false: a shared stream handed out on exhaustion
-  };
   static std::atomic<uint64_t> fork_generation_counter_;
+  static bool forkedSince(uint64_t generation) {
+    return generation !=
+        fork_generation_counter_.load(std::memory_order_relaxed);
+  }
   static void onForkChild();
   [[noreturn]] static void failForked();
   friend struct ThreadBindings;
 
   StreamIndex currentIndexSlow(bool query);
-  Acquired acquireWorkerSlot(const ExhaustionConfig& cfg) MPS_EXCLUDES(mu_);
+  // The leased slot; -1 when none is free and `cfg` shares a stream instead.
+  StreamIndex acquireWorkerSlot(const ExhaustionConfig& cfg) MPS_EXCLUDES(mu_);
   void returnSlot(StreamIndex index) MPS_EXCLUDES(mu_);
 
   const uint64_t id_;
@@ -276,11 +273,6 @@ class StreamPool {
     TORCH_CHECK(backend_ != nullptr, "StreamPool: backend must not be null");
   }
 
-  // Only tests destroy pools; see Note [MPS stream pool]. Members are
-  // declared so that slots_ unregisters (and waits out any thread returning a
-  // lease) before the streams are deleted, and the backend goes last.
-  ~StreamPool() = default;
-
   StreamT& stream(StreamIndex index) {
     slots_.checkNotForked();
     checkStreamIndex(index);
@@ -298,9 +290,6 @@ class StreamPool {
           : currentStreamSlow(query);
     }
     return threadCurrentStream(query);
-  }
-  StreamIndex exchangeCurrentIndex(StreamIndex index) {
-    return slots_.exchangeCurrentIndex(index);
   }
 
   void synchronizeAll() {
@@ -339,33 +328,25 @@ class StreamPool {
     if (StreamT* s = streams_[index].load(std::memory_order_acquire)) {
       return *s; // another thread won the race
     }
-    std::unique_ptr<StreamT> made = backend_->create(index);
+    owned_[index] = backend_->create(index);
     TORCH_CHECK(
-        made != nullptr,
+        owned_[index] != nullptr,
         "MPS stream pool: creating the stream for slot ",
         index,
         " failed (no command queue); the slot stays empty and will be "
         "retried on next use");
-    StreamT* raw = made.release();
-    streams_[index].store(raw, std::memory_order_release);
-    return *raw;
+    streams_[index].store(owned_[index].get(), std::memory_order_release);
+    return *owned_[index];
   }
 
-  struct OwnedStreams {
-    std::array<std::atomic<StreamT*>, kStreamsPerPool> slots{};
-    std::atomic<StreamT*>& operator[](StreamIndex i) {
-      return slots[i];
-    }
-    ~OwnedStreams() {
-      for (auto& s : slots) {
-        delete s.load(std::memory_order_acquire);
-      }
-    }
-  };
-
+  // Only tests destroy pools; see Note [MPS stream pool]. Members are
+  // declared so that slots_ unregisters (and waits out any thread returning a
+  // lease) before the streams are deleted, and the backend goes last.
   const std::unique_ptr<StreamBackend<StreamT>> backend_;
   // Written once per slot under create_mu_, read lock-free after.
-  OwnedStreams streams_;
+  std::array<std::atomic<StreamT*>, kStreamsPerPool> streams_{};
+  std::array<std::unique_ptr<StreamT>, kStreamsPerPool> owned_
+      MPS_GUARDED_BY(create_mu_);
   StreamSlotPool slots_;
   Mutex create_mu_;
 };

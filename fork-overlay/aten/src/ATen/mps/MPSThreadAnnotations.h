@@ -14,12 +14,9 @@
 #endif
 
 #define MPS_GUARDED_BY(x) MPS_THREAD_ANNOTATION(guarded_by(x))
-#define MPS_ACQUIRED_BEFORE(...) \
-  MPS_THREAD_ANNOTATION(acquired_before(__VA_ARGS__))
-#define MPS_ACQUIRED_AFTER(...) \
-  MPS_THREAD_ANNOTATION(acquired_after(__VA_ARGS__))
-#define MPS_REQUIRES(...) \
-  MPS_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
+#define MPS_ACQUIRED_BEFORE(x) MPS_THREAD_ANNOTATION(acquired_before(x))
+#define MPS_ACQUIRED_AFTER(x) MPS_THREAD_ANNOTATION(acquired_after(x))
+#define MPS_REQUIRES(x) MPS_THREAD_ANNOTATION(requires_capability(x))
 #define MPS_ACQUIRE(...) MPS_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define MPS_RELEASE(...) MPS_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
 #define MPS_EXCLUDES(...) MPS_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
