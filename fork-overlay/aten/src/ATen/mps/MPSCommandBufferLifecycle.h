@@ -71,8 +71,8 @@ inline bool resolveCommitAndContinue(
 // GPU signal of the stream's timeline event at the next pass mark, awaited
 // by other streams (Note [MPS cross-stream dependencies]).
 //
-// Ops must provide (Queue, Buffer, Encoder: copyable handles, false when
-// empty; what make*() returns is non-empty and owned by the caller):
+// Ops must provide (Queue, Buffer, Encoder: copyable handles; what make*()
+// returns is owned by the caller):
 //   Buffer makeBuffer(const Queue&); Encoder makeComputeEncoder(Buffer);
 //   void endEncoding(Encoder);                  ends and releases it
 //   void commit(Buffer); void release(Buffer);
@@ -111,8 +111,9 @@ class CommandBufferLifecycle {
   Encoder commandEncoder() MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     dirty_ = pass_has_work_ = true;
-    if (!encoder_) {
+    if (!has_encoder_) {
       encoder_ = ops_.makeComputeEncoder(openBuffer());
+      has_encoder_ = true;
     }
     return encoder_;
   }
@@ -246,8 +247,9 @@ class CommandBufferLifecycle {
 
  private:
   Buffer openBuffer() MPS_REQUIRES(mu_) {
-    if (!buffer_) {
+    if (!has_buffer_) {
       buffer_ = ops_.makeBuffer(queue_);
+      has_buffer_ = true;
     }
     return buffer_;
   }
@@ -259,9 +261,9 @@ class CommandBufferLifecycle {
 
   // Ends the open pass: its encoder, and its mark if it carried work.
   void endEncoder() MPS_REQUIRES(mu_) {
-    if (encoder_) {
+    if (has_encoder_) {
       ops_.endEncoding(encoder_);
-      encoder_ = {};
+      has_encoder_ = false;
     }
     if (pass_has_work_) {
       const uint64_t mark = open_mark_.load(std::memory_order_relaxed);
@@ -273,7 +275,7 @@ class CommandBufferLifecycle {
 
   // Commits the open buffer as the next commit point, unless it is clean.
   void commitOpen(bool keep_open) MPS_REQUIRES(mu_) MPS_EXCLUDES(timeline_mu_) {
-    if (!buffer_ || !dirty_) {
+    if (!has_buffer_ || !dirty_) {
       return;
     }
     dirty_ = false;
@@ -292,7 +294,7 @@ class CommandBufferLifecycle {
     } else {
       ops_.commit(buffer_);
       ops_.release(buffer_);
-      buffer_ = {};
+      has_buffer_ = false;
     }
     // Published after the commit: other streams wait only for marks seen here.
     MutexLock tl(timeline_mu_);
@@ -341,6 +343,7 @@ class CommandBufferLifecycle {
 
   // Completion handlers take only timeline_mu_.
   mutable Mutex mu_ MPS_ACQUIRED_BEFORE(timeline_mu_);
+  bool has_buffer_ MPS_GUARDED_BY(mu_) = false;
   // Set when the buffer or encoder is handed out, cleared by a commit.
   bool dirty_ MPS_GUARDED_BY(mu_) = false;
   // Set with dirty_, cleared when the pass ends (and its mark is signalled).
@@ -350,6 +353,7 @@ class CommandBufferLifecycle {
   std::atomic<uint64_t> open_mark_{1};
   std::atomic<uint64_t> committed_mark_{0};
   Buffer buffer_ MPS_GUARDED_BY(mu_){};
+  bool has_encoder_ MPS_GUARDED_BY(mu_) = false;
   Encoder encoder_ MPS_GUARDED_BY(mu_){};
 
   mutable Mutex timeline_mu_;
