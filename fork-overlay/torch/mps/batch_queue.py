@@ -13,6 +13,7 @@ import threading
 import time
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 __all__ = ["BatchQueue", "batch_inference"]
 
@@ -70,36 +71,24 @@ def _default_split(output, n):
     raise RuntimeError(f"BatchQueue: cannot split model output of type {type(output).__name__}; pass split=")
 
 
-def _to_device(value, device):
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {k: _to_device(v, device) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return _rebuild(value, [_to_device(v, device) for v in value])
-    return value
-
-
 def _signature(value):
     r"""Inputs with equal signatures can be collated together."""
     if isinstance(value, torch.Tensor):
         return (tuple(value.shape), value.dtype, value.device)
-    if isinstance(value, (tuple, list)):
-        return (type(value),) + tuple(_signature(v) for v in value)
-    if isinstance(value, dict):
-        return (type(value),) + tuple((k, _signature(v)) for k, v in value.items())
+    if isinstance(value, (tuple, list, dict)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        return (type(value),) + tuple((k, _signature(v)) for k, v in items)
     return type(value)
 
 
 class BatchQueue:
     r"""Collects single-sample requests from many threads and runs them as batches.
 
-    Each submitted input is one sample without a batch dimension. A daemon worker thread waits until
-    ``max_batch`` samples are queued or ``max_wait_ms`` passed since the oldest of them arrived, collates
-    them (``torch.stack`` along a new dim 0 by default; tuples, lists and dicts field-wise), calls
-    ``model(batch)`` once under :func:`torch.no_grad` and resolves each future with that sample's slice
-    of the output (views along dim 0 of a tensor, or of each tensor in a tuple, list or dict). Inputs
-    that cannot be collated together (e.g. different shapes) run in separate batches.
+    Each input is one sample without a batch dimension. A daemon worker thread waits until ``max_batch``
+    samples are queued or the oldest waited ``max_wait_ms``, collates them (``torch.stack`` along a new dim 0
+    by default; tuples, lists and dicts field-wise), calls ``model(batch)`` once under :func:`torch.no_grad`
+    and resolves each future with its sample's views along dim 0 of the output's tensors. Inputs that cannot
+    be collated together (e.g. different shapes) run in separate batches.
 
     Args:
         model (callable): takes a batch, returns a batch of the same size along dim 0.
@@ -135,13 +124,10 @@ class BatchQueue:
         self._split = _check_callable("split", split) or _default_split
         if name is not None and not isinstance(name, str):
             raise TypeError(f"BatchQueue: name must be a str or None, got {type(name).__name__}")
-
         # One lock guards _pending, _closed and _counts; both conditions share it.
         self._lock = threading.Lock()
-        self._not_empty = threading.Condition(self._lock)
-        self._not_full = threading.Condition(self._lock)
-        self._pending = collections.deque()
-        self._closed = False
+        self._not_empty, self._not_full = threading.Condition(self._lock), threading.Condition(self._lock)
+        self._pending, self._closed = collections.deque(), False
         self._counts = dict(submitted=0, completed=0, failed=0, cancelled=0, batches=0, batched_items=0,
                             max_batch_size=0)
         self._worker = threading.Thread(target=self._run, name=f"BatchQueue-{name or 'worker'}", daemon=True)
@@ -182,12 +168,8 @@ class BatchQueue:
         return future.result(None if timeout is None else max(0.0, timeout - (time.monotonic() - start)))
 
     def close(self, wait=True, cancel_pending=False):
-        r"""Stops accepting samples; idempotent and thread-safe.
-
-        Args:
-            wait (bool): block until the worker thread has exited.
-            cancel_pending (bool): cancel the queued samples instead of running them; a running batch completes.
-        """
+        r"""Stops accepting samples; idempotent and thread-safe. ``wait`` blocks until the worker thread has
+        exited; ``cancel_pending`` cancels the queued samples instead of running them (a running batch completes)."""
         dropped = ()
         with self._lock:
             self._closed = True
@@ -215,7 +197,6 @@ class BatchQueue:
 
     # Worker side. Futures are set running before collation, so a caller can cancel only while its
     # sample is queued; afterwards exactly one of set_result / set_exception is called for it.
-
     def _next_batch(self):
         with self._lock:
             self._not_empty.wait_for(lambda: self._pending or self._closed)
@@ -239,8 +220,7 @@ class BatchQueue:
         except BaseException as exc:  # never leave futures unresolved if the worker dies
             with self._lock:
                 self._closed = True
-                items = list(items or []) + list(self._pending)
-                self._pending.clear()
+                items, self._pending = [*items, *self._pending], collections.deque()
                 self._not_full.notify_all()
             err = RuntimeError(f"BatchQueue worker stopped unexpectedly: {exc!r}")
             for item in items:
@@ -266,7 +246,7 @@ class BatchQueue:
         n = len(items)
         try:
             if self._device is not None:
-                batch = _to_device(batch, self._device)
+                batch = tree_map_only(torch.Tensor, lambda t: t.to(self._device), batch)
             self._bump(batches=1, batched_items=n)
             with torch.no_grad():
                 output = self._model(batch)
@@ -293,10 +273,9 @@ class BatchQueue:
 
 def batch_inference(model, inputs, *, max_batch=8, max_wait_ms=5.0, num_threads=None, device=None):
     r"""Runs ``inputs`` (single samples) through ``model`` with a temporary :class:`BatchQueue` fed by
-    ``num_threads`` threads (default: ``min(32, len(inputs))``), emulating many concurrent callers;
-    useful for tests and benchmarks. The other arguments are as for :class:`BatchQueue`.
-
-    Returns one output per input, in input order; the first failed sample's exception is re-raised.
+    ``num_threads`` threads (default: ``min(32, len(inputs))``), emulating many concurrent callers; useful for
+    tests and benchmarks. The other arguments are as for :class:`BatchQueue`. Returns one output per input, in
+    input order; the first failed sample's exception is re-raised.
 
     Example::
 
