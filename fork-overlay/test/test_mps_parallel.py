@@ -46,7 +46,6 @@ class _Threads:
                 self.errors.append(exc)
                 if barrier is not None:
                     barrier.abort()
-
         self._threads = [threading.Thread(target=body, args=(i,), name=f"mps-parallel-{i}", daemon=True)
                          for i in range(n)]
         for t in self._threads:
@@ -112,7 +111,6 @@ def _check_parallel_forward(name, num_threads, iters, device, seed=0):
         barrier.wait()
         with torch.no_grad():  # grad mode is per thread
             return tree_map(torch.Tensor.cpu, [dev_model(x.to(device)) for x in inputs[t]])
-
     torch.testing.assert_close(_Threads(work, num_threads, barrier).join(), expected, atol=tol, rtol=tol)
 
 
@@ -164,7 +162,6 @@ for _name in MODELS:  # one test per model
 
 class TestMPSCrossThread(_DeviceTestCase):
     r"""Tensors made on one thread and used on another, with no synchronization calls."""
-
     busy_size = 2048  # of the matmuls that keep a stream busy while another thread acts
 
     def test_pipeline_main_weights_worker_inputs_main_reads(self):
@@ -186,13 +183,11 @@ class TestMPSCrossThread(_DeviceTestCase):
             with torch.no_grad():
                 while (item := made.get(timeout=TIMEOUT)) is not None:
                     outs[item[0]] = dev_model(item[1])
-
         consumer_threads = _Threads(consume, consumers)
         _Threads(produce, producers).join()  # producers exit before their outputs are consumed
         for _ in range(consumers):
             made.put(None)
         consumer_threads.join()
-
         with torch.no_grad():
             ref = [model(x * 2 + 1) for x in raw]
         self.assertEqual([y.cpu() for y in outs], ref, atol=1e-4, rtol=1e-4)
@@ -221,10 +216,9 @@ class TestMPSCrossThread(_DeviceTestCase):
         self.assertEqual(a.cpu(), torch.zeros(512, 512))
 
     def test_threads_reading_one_tensor(self):
-        # Copies of one tensor, also to and from strided views (gather and scatter kernels), integer matmuls by it
-        # and its bitwise and (Metal kernels), indexing kernels reading it, a mask and row indices, and bilinear
-        # upsampling of it (a Metal kernel; exact for integers) on eight threads at once only read them: no thread
-        # waits for another or raises the error for work that two streams need in opposite orders.
+        # Eight threads at once copy one tensor (also to and from strided views: gather and scatter kernels), multiply
+        # it as integers, bitwise-and it, index it (mask, rows) and upsample it bilinearly (Metal kernels; exact for
+        # integers): only reads, so no thread waits for another or raises the error for opposite-order stream waits.
         w_cpu, rows_cpu = torch.randint(-9, 10, (64, 64)), torch.tensor([5, 0, 63])
         w, mask, rows = w_cpu.to(self.device), (w_cpu > 0).to(self.device), rows_cpu.to(self.device)
         image = w_cpu[None, None].float().to(self.device)
@@ -238,7 +232,6 @@ class TestMPSCrossThread(_DeviceTestCase):
                         torch.empty_like(w).t().copy_(w), x.masked_fill(mask, -1), w[rows],
                         x.index_copy(0, rows, w[:3]), nn.functional.interpolate(image, scale_factor=2, mode="bilinear"))
             return outs
-
         for i, outs in enumerate(_Threads(read, 8, barrier).join()):
             x = torch.full((64, 64), i)
             self.assertEqual([o.cpu() for o in outs],
@@ -272,17 +265,12 @@ class TestMPSCrossThread(_DeviceTestCase):
         dev_model = copy.deepcopy(model).to(self.device)
         xs = [torch.randn(8, 64) for _ in range(8)]
 
-        def train(i):
-            x = xs[i].to(self.device, copy=True).requires_grad_()
-            dev_model(x).square().sum().backward()
+        def train(m, x, device):
+            x = x.to(device, copy=True).requires_grad_()
+            m(x).square().sum().backward()
             return x.grad
-
-        grads = _Threads(train, len(xs)).join()
-        want = []
-        for x in xs:
-            x = x.clone().requires_grad_()
-            model(x).square().sum().backward()
-            want.append(x.grad)
+        grads = _Threads(lambda i: train(dev_model, xs[i], self.device), len(xs)).join()
+        want = [train(model, x, "cpu") for x in xs]
         self.assertEqual([g.cpu() for g in grads], want, atol=1e-4, rtol=1e-4)
         self.assertEqual([p.grad.cpu() for p in dev_model.parameters()], [p.grad for p in model.parameters()],
                          atol=1e-3, rtol=1e-4)
@@ -313,7 +301,6 @@ class TestMPSStreams(_StreamPoolTestCase):
             self.assertEqual(torch.mps.current_stream(), first)
             barrier.wait()  # all threads hold their streams at once
             return first.stream_id
-
         ids = _Threads(work, n, barrier).join()
         self.assertEqual(len(set(ids)), n, ids)
         self.assertNotIn(0, ids)
@@ -330,7 +317,6 @@ class TestMPSStreams(_StreamPoolTestCase):
             self.assertNotEqual(torch.mps.current_stream().stream_id, 0)
             torch.mps.release_current_thread_slot()
             return first, second
-
         for wave in range(8):
             self.assertEqual(_Threads(lambda i: work(wave * 16 + i), 16).join(), [("ok", "ok")] * 16)
         self.assertEqual(_probe("mps", 3), "ok")
@@ -380,7 +366,6 @@ class TestMPSStreams(_StreamPoolTestCase):
                 worker_switched.set()
                 self.assertEqual(torch.mps.current_stream(), s_worker)
                 return (torch.ones(8, device="mps") * 3).sum().item()
-
         worker = _Threads(work, 1)
         with torch.mps.stream(s_main):
             main_switched.set()
@@ -427,7 +412,6 @@ class TestMPSStreams(_StreamPoolTestCase):
             event = torch.Event(device="mps")
             event.record()  # on the worker's stream
             return a, event, torch.mps.current_stream()
-
         (a, event, worker_stream), = _Threads(produce, 1).join()
         self.assertNotEqual(worker_stream, torch.mps.current_stream())
         torch.mps.current_stream().wait_event(event)
@@ -448,7 +432,6 @@ class TestMPSStreams(_StreamPoolTestCase):
                     event.record()
                     handed.put((event, torch.mps.current_stream()))
                     release.wait(TIMEOUT)  # stay alive, holding the stream, without synchronizing
-
                 threads = _Threads(work, n)
                 try:
                     items = [handed.get(timeout=TIMEOUT) for _ in range(n)]
@@ -556,7 +539,6 @@ def _child_hold(device, threads=8):
         outcome = _probe(device, i)
         barrier.wait()
         return outcome
-
     return _tally(_Threads(work, threads, barrier).join())
 
 
@@ -568,7 +550,6 @@ def _child_release(device, threads=8):
         if i % 2 == 0:
             _release_slot(device)
         return outcome
-
     return _tally(_Threads(work, threads).join())
 
 
@@ -585,7 +566,6 @@ def _child_timeout(device, holders=WORKER_STREAMS, timeout_ms=1000):
             _release_slot(device)
         finish.wait(TIMEOUT)
         return outcome
-
     holding = _Threads(hold, holders, ready)
     try:
         ready.wait()
@@ -612,7 +592,6 @@ def _child_churn(device, total=256, wave=16, release="explicit", hold=WORKER_STR
         if release == "explicit":
             _release_slot(device)
         return outcome
-
     outcomes = []
     for start in range(0, total, wave):
         outcomes += _Threads(lambda i: churn(start + i), min(wave, total - start)).join()
@@ -647,15 +626,9 @@ def _child_parallel(device, threads=8):
 def _child_outputs(device, out):
     r"""LayerNorm (and Linear) outputs on ``device`` and on CPU, saved to ``out``."""
     torch.manual_seed(0)
-    cases = [
-        (nn.LayerNorm(64), (4, 16, 64)),
-        (nn.LayerNorm([8, 32]), (3, 8, 32)),
-        (nn.LayerNorm(256, elementwise_affine=False), (2, 256)),
-        (nn.LayerNorm(1024, eps=1e-3), (8, 1024)),
-        (nn.Linear(256, 128), (4, 256)),
-        (nn.LayerNorm(48), (5, 48)),
-        (nn.LayerNorm(48), (5, 48)),
-    ]
+    cases = [(nn.LayerNorm(64), (4, 16, 64)), (nn.LayerNorm([8, 32]), (3, 8, 32)),
+             (nn.LayerNorm(256, elementwise_affine=False), (2, 256)), (nn.LayerNorm(1024, eps=1e-3), (8, 1024)),
+             (nn.Linear(256, 128), (4, 256)), (nn.LayerNorm(48), (5, 48)), (nn.LayerNorm(48), (5, 48))]
     cases[-2][0].bias = None  # a weight without a bias
     cases[-1][0].weight = None  # a bias without a weight
     dev_outs, cpu_outs = [], []
