@@ -123,20 +123,18 @@ def _chain(x, w, steps):
 
 
 class _DeviceTestCase(TestCase):
-    device = "mps"
-    iters = 10
+    device, iters, needs_pool = "mps", 10, False
 
     def setUp(self):
         super().setUp()
         if self.device == "mps" and not TEST_MPS:
             self.skipTest("MPS is not available")
+        if self.needs_pool and not TEST_STREAM_POOL:
+            self.skipTest("needs MPS and PyTorch built with the MPS stream pool")
 
 
 class _StreamPoolTestCase(_DeviceTestCase):
-    def setUp(self):
-        super().setUp()
-        if not TEST_STREAM_POOL:
-            self.skipTest("needs MPS and PyTorch built with the MPS stream pool")
+    needs_pool = True
 
     def _child(self, *args, env=None):
         r"""Runs a scenario in a fresh interpreter, the pool's variables cleared, then ``env`` set."""
@@ -667,7 +665,4 @@ def _child_main(argv):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
-        _child_main(sys.argv[2:])
-    else:
-        run_tests()
+    _child_main(sys.argv[2:]) if sys.argv[1:2] == [CHILD_FLAG] else run_tests()
