@@ -196,9 +196,26 @@ void CachingAllocatorCore::free(const void* key) {
     p.pending_streams.fetch_or(uses);
     pending_bytes_.fetch_add(static_cast<int64_t>(size));
   }
-  // `b` may already be resolved and reused; use only the fences below.
+  // `b` may already be resolved and reused; use only the fences below. One
+  // completion handler per stream covers all fences up to its value, so only
+  // a larger value registers one. A handler publishes its value before
+  // sweeping, so a fence added after its sweep of `p` sees the value here.
   for (StreamIndex s : StreamsIn{uses}) {
-    armOrResolve(p, s, points[s]);
+    const uint64_t value = points[s];
+    if (fetchMax(armed_[s], value) < value) {
+      timelines_.onCompleted(s, value, [this, s, value] {
+        fetchMax(completed_[s], value);
+        for (auto& pool : pools_) {
+          if (pool->pending_streams.load() & bit(s)) {
+            MutexLock lock(pool->mu);
+            resolveLocked(*pool, s, completed_[s].load());
+          }
+        }
+      });
+    } else if (const uint64_t done = completed_[s].load(); value <= done) {
+      MutexLock lock(p.mu);
+      resolveLocked(p, s, done);
+    }
   }
 }
 
@@ -382,36 +399,6 @@ bool CachingAllocatorCore::resolvePool(Pool& p) {
     freed |= resolveLocked(p, s, completed_[s].load());
   }
   return freed;
-}
-
-// Ensures a completion handler resolves fence (s, value), just put in `p`.
-// One handler per stream covers all fences up to its value, so only a larger
-// value registers one. A handler publishes its value before sweeping, so a
-// fence added after its sweep of `p` sees the value here; we resolve it.
-void CachingAllocatorCore::armOrResolve(
-    Pool& p,
-    StreamIndex s,
-    uint64_t value) {
-  if (fetchMax(armed_[s], value) < value) {
-    timelines_.onCompleted(
-        s, value, [this, s, value] { onStreamCompleted(s, value); });
-    return;
-  }
-  const uint64_t done = completed_[s].load();
-  if (value <= done) {
-    MutexLock lock(p.mu);
-    resolveLocked(p, s, done);
-  }
-}
-
-void CachingAllocatorCore::onStreamCompleted(StreamIndex s, uint64_t value) {
-  fetchMax(completed_[s], value);
-  for (auto& p : pools_) {
-    if (p->pending_streams.load() & bit(s)) {
-      MutexLock lock(p->mu);
-      resolveLocked(*p, s, completed_[s].load());
-    }
-  }
 }
 
 // A new block, in the block table and counted as in use (for the caller).

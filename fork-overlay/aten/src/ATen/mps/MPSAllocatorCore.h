@@ -266,8 +266,6 @@ class CachingAllocatorCore {
   void lastFences(Pool& p, StreamPoints& points);
   bool resolveLocked(Pool& p, StreamIndex s, uint64_t done) MPS_REQUIRES(p.mu);
   bool resolvePool(Pool& p);
-  void armOrResolve(Pool& p, StreamIndex s, uint64_t value);
-  void onStreamCompleted(StreamIndex s, uint64_t value);
   Block* allocateFromDevice(Pool& p, size_t size, bool pressure);
   Block* allocateBlock(Pool& p, size_t size, StreamIndex stream, bool pressure);
   void releaseCompleted(Pool& p, size_t target, bool oldest_first = false);
