@@ -10,9 +10,6 @@ namespace {
 
 // As on CUDA, `self` is not reused until `stream`'s queued work completes; see Note [MPS allocator cross-stream reuse].
 void record_stream_mps(Tensor& self, c10::Stream stream) {
-  TORCH_CHECK(stream.device_type() == c10::DeviceType::MPS,
-              "record_stream: expected an MPS stream for an MPS tensor, got ",
-              stream);
   at::mps::getIMPSAllocator()->recordStream(self.storage().data_ptr(), stream);
 }
 
