@@ -14,6 +14,7 @@
 namespace {
 
 using at::mps::SyncType;
+using Core = at::mps::CachingAllocatorCore;
 using harness::AllocatorFakeTest;
 using harness::AllocatorSimTest;
 using harness::census;
@@ -168,7 +169,7 @@ TEST_F(AllocatorFakeTest, NeverCallsIntoStreamsWhileHoldingAnAllocatorLock) {
     auto f = std::async(std::launch::async, [this, keys] {
       census(*core_);
       for (const void* k : keys) {
-        core_->withBuffer(k, [](auto*) {});
+        Core::LockedBuffer<>(*core_, k);
       }
     });
     if (f.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
@@ -238,13 +239,10 @@ TEST_F(
   // 4 MiB in use on the device, 1 MiB over the watermark.
   auto big = alloc(1, 2 * kMiB, kLarge);
   EXPECT_EQ(backend_->live(), 4u) << "one block released";
-  EXPECT_FALSE(core_->withBuffer(x[0].get(), [](auto* b) {
-    return b != nullptr;
-  })) << "the oldest block goes first";
-  EXPECT_TRUE(
-      core_->withBuffer(x[1].get(), [](auto* b) { return b != nullptr; }));
-  EXPECT_TRUE(
-      core_->withBuffer(x[2].get(), [](auto* b) { return b != nullptr; }));
+  EXPECT_FALSE(Core::LockedBuffer<>(*core_, x[0].get()))
+      << "the oldest block goes first";
+  EXPECT_TRUE(Core::LockedBuffer<>(*core_, x[1].get()));
+  EXPECT_TRUE(Core::LockedBuffer<>(*core_, x[2].get()));
   release(big);
   release(x[3]);
 }

@@ -34,7 +34,7 @@ namespace at::mps {
 // Exactly one party owns a block, and only it accesses the block's fields:
 //  - active (handed out): the user. The handing-out malloc writes `stream`
 //    and `uses` before the user sees the pointer; then `uses` and the backend
-//    payload change only under the shard mutex (recordStream, withBuffer),
+//    payload change only under the shard mutex (recordStream, LockedBuffer),
 //    which free() also takes.
 //  - cached (stream cache, free set or pending fences): that container,
 //    under its mutex (`fence`, `cached_at`, `outstanding`).

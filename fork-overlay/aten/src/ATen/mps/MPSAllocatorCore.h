@@ -198,17 +198,10 @@ class CachingAllocatorCore {
   // CUDA's recordStream: free() will also wait for `stream`'s work.
   void recordStream(const void* key, StreamIndex stream);
 
-  // fn(block `key`'s buffer as a `Buffer*`, or nullptr if `key` is no block
-  // of this allocator), run under the block's shard lock.
-  template <typename Buffer = void, typename Fn>
-  decltype(auto) withBuffer(const void* key, Fn&& fn) {
-    Shard& shard = shardFor(key);
-    MutexLock lock(shard.mu);
-    auto it = shard.blocks.find(key);
-    return fn(
-        it == shard.blocks.end() ? nullptr
-                                 : static_cast<Buffer*>(it->second->buffer));
-  }
+  // Block `key`'s buffer as a `Buffer*`, or nullptr if `key` is no block of
+  // this allocator; holds the block's shard lock while it lives.
+  template <typename Buffer = void>
+  class LockedBuffer;
 
   // Waits for cached blocks' fences and releases them; later frees may stay.
   void emptyCache();
@@ -289,6 +282,29 @@ class CachingAllocatorCore {
   std::atomic<int64_t> pending_bytes_{0};
   // Off the stream-cache fast path.
   std::atomic<int64_t> other_allocated_bytes_{0};
+};
+
+template <typename Buffer>
+class CachingAllocatorCore::LockedBuffer {
+ public:
+  LockedBuffer(CachingAllocatorCore& core, const void* key)
+      : shard_(core.shardFor(key)), lock_(shard_.mu) {
+    auto it = shard_.blocks.find(key);
+    buffer_ = it == shard_.blocks.end()
+        ? nullptr
+        : static_cast<Buffer*>(it->second->buffer);
+  }
+  operator Buffer*() const {
+    return buffer_;
+  }
+  Buffer* operator->() const {
+    return buffer_;
+  }
+
+ private:
+  Shard& shard_;
+  MutexLock lock_;
+  Buffer* buffer_;
 };
 
 } // namespace at::mps
