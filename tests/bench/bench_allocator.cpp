@@ -64,6 +64,9 @@ class BenchBackend : public at::mps::AllocatorBackend {
   size_t deviceAllocatedSize() const override {
     return 0;
   }
+  std::string outOfMemoryHint() const override {
+    return {};
+  }
 };
 
 // Streams whose work is always complete: the benchmark measures the

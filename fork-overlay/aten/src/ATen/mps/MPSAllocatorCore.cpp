@@ -24,10 +24,6 @@ namespace at::mps {
 // locks, so that could deadlock. Backend calls run under allocator locks
 // (allocate/release: Pool::mu; gpuReferenced: pool or cache lock; onFree:
 // Shard::mu) and must not call back into the allocator or into streams.
-//
-// Stats: device-memory counts are atomics (slow path only). The in-use count
-// sits in the stream cache under the lock taken anyway, elsewhere in an
-// atomic; stats() sums them (a cross-counter free skews both, never the sum).
 
 // Note [MPS allocator block ownership]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -95,6 +91,22 @@ Block* takeFit(Set& set, size_t size, size_t max_oversize, Usable&& usable) {
   return nullptr;
 }
 
+// The active block `key` of `blocks` (a shard's table, locked by the caller).
+Block* activeBlock(
+    std::unordered_map<const void*, Block*>& blocks,
+    const void* key,
+    const char* op) {
+  auto it = blocks.find(key);
+  TORCH_CHECK(
+      it != blocks.end() && it->second->active.load(std::memory_order_relaxed),
+      "MPS allocator: ",
+      op,
+      " of a pointer that is not an allocated block (double free, or "
+      "memory from another allocator): ptr=",
+      key);
+  return it->second;
+}
+
 constexpr auto any = [](const Block*) { return true; };
 
 } // namespace
@@ -153,7 +165,7 @@ void CachingAllocatorCore::free(const void* key) {
   {
     Shard& shard = shardFor(key);
     MutexLock lock(shard.mu);
-    b = activeBlockLocked(shard, key, "free()");
+    b = activeBlock(shard.blocks, key, "free()");
     backend_.onFree(b->buffer);
     b->active.store(false, std::memory_order_relaxed);
   }
@@ -223,7 +235,7 @@ void CachingAllocatorCore::recordStream(const void* key, StreamIndex stream) {
   checkStreamIndex(stream);
   Shard& shard = shardFor(key);
   MutexLock lock(shard.mu);
-  activeBlockLocked(shard, key, "recordStream()")->uses |= bit(stream);
+  activeBlock(shard.blocks, key, "recordStream()")->uses |= bit(stream);
 }
 
 void CachingAllocatorCore::emptyCache() {
@@ -332,22 +344,6 @@ CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
         static_cast<int64_t>(b->size), std::memory_order_relaxed);
   }
   return b;
-}
-
-CachingAllocatorCore::Block* CachingAllocatorCore::activeBlockLocked(
-    Shard& shard,
-    const void* key,
-    const char* op) {
-  auto it = shard.blocks.find(key);
-  TORCH_CHECK(
-      it != shard.blocks.end() &&
-          it->second->active.load(std::memory_order_relaxed),
-      "MPS allocator: ",
-      op,
-      " of a pointer that is not an allocated block (double free, or "
-      "memory from another allocator): ptr=",
-      key);
-  return it->second;
 }
 
 // Raises points[s] to the last fence value of `p` on each stream s.

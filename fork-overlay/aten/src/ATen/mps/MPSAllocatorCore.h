@@ -56,9 +56,7 @@ class AllocatorBackend {
   virtual bool gpuReferenced(void* buffer) const = 0;
   virtual size_t deviceAllocatedSize() const = 0;
   virtual void onAllocationFailed() {}
-  virtual std::string outOfMemoryHint() const {
-    return {};
-  }
+  virtual std::string outOfMemoryHint() const = 0;
   // Resets the buffer's payload (shapes, events) when its user frees it.
   virtual void onFree(void* /*buffer*/) {}
 };
@@ -108,8 +106,9 @@ struct AllocatorPoolOptions {
 };
 
 // No update is lost; exact while no thread is in the allocator (reserved_bytes
-// always). allocated_bytes sums per-stream counters: one counter would
-// contend on every malloc.
+// always). allocated_bytes sums per-stream counters (one counter would contend
+// on every malloc) and an atomic: a free counted in another counter skews
+// both, never the sum.
 struct AllocatorStats {
   int64_t reserved_bytes = 0; // device memory held in blocks, any state
   int64_t allocated_bytes = 0; // in blocks handed out and not yet freed
@@ -251,8 +250,6 @@ class CachingAllocatorCore {
   using StreamPoints = std::array<uint64_t, kStreamsPerPool>;
 
   Shard& shardFor(const void* key);
-  Block* activeBlockLocked(Shard& shard, const void* key, const char* op)
-      MPS_REQUIRES(shard.mu);
   std::optional<size_t> overLowWatermark() const;
   uint64_t refreshCompleted(StreamIndex s);
   Block* findCached(Pool& p, size_t size, StreamIndex stream, bool pressure);
