@@ -9,6 +9,7 @@
 #include <ATen/mps/MPSStream.h>
 #include <c10/core/Allocator.h>
 
+#include "../support/stream_pool_peer.h"
 #include "SimMetalRuntime.h"
 
 #include <gtest/gtest.h>
@@ -40,6 +41,12 @@ inline id<MTLBuffer> bufferOf(const c10::DataPtr& data) {
 }
 inline id<MTLBuffer> bufferOf(const at::Tensor& tensor) {
   return bufferOf(tensor.storage().data_ptr());
+}
+
+// Worker slots leased now in the process-wide pool.
+inline int leasedSlots() {
+  return at::mps::StreamSlotPoolTestPeer::leasedSlots(
+      at::mps::getMPSStreamPool().slots());
 }
 
 // An allocation from the MPS allocator for the calling thread's current

@@ -94,7 +94,7 @@ TEST_F(GlueTest, BackwardNodesRunOnTheirForwardsStreamOnTheEnginesThread) {
   for (int round = 0; round < kRounds; ++round) {
     train(kThreads);
     glue::onThreads(kThreads, train);
-    EXPECT_EQ(at::mps::getMPSStreamPool().slots().leasedSlots(), 1) << "round " << round;
+    EXPECT_EQ(glue::leasedSlots(), 1) << "round " << round;
   }
   EXPECT_EQ(g_backwards.load(), 2 * (kThreads + 1) * kRounds);
   EXPECT_EQ(g_off_forward_stream.load(), 0);
@@ -164,7 +164,7 @@ TEST_F(GlueTest, BackwardOnAnExhaustedPoolDoesNotWaitForAStream) {
     ++trained;
     ASSERT_TRUE(glue::eventually([&] { return checked.load(); }));
   });
-  EXPECT_EQ(at::mps::getMPSStreamPool().slots().leasedSlots(), 0);
+  EXPECT_EQ(glue::leasedSlots(), 0);
 }
 
 } // namespace

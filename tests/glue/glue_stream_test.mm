@@ -28,7 +28,7 @@ TEST_F(GlueTest, MainThreadUsesTheDefaultStream) {
   EXPECT_EQ(stream, at::mps::getDefaultMPSStream());
   EXPECT_EQ(stream->unwrap().id(), 0);
   EXPECT_NE(stream->commandQueue(), nil);
-  EXPECT_EQ(at::mps::getMPSStreamPool().slots().leasedSlots(), 0);
+  EXPECT_EQ(glue::leasedSlots(), 0);
 }
 
 // 32 threads at once: the first 31 lease the 31 worker streams, one each;
@@ -53,7 +53,7 @@ TEST_F(GlueTest, ThirtyTwoThreadsLeaseDistinctStreamsAndReturnThemAtExit) {
     std::set<MPSStream*> distinct(streams.begin(), streams.end());
     EXPECT_EQ(distinct.size(), size_t(kWorkerStreams)) << "round " << round;
     EXPECT_EQ(distinct.count(at::mps::getDefaultMPSStream()), 0u);
-    EXPECT_EQ(at::mps::getMPSStreamPool().slots().leasedSlots(), 0) << "round " << round;
+    EXPECT_EQ(glue::leasedSlots(), 0) << "round " << round;
   }
 }
 
@@ -61,14 +61,14 @@ TEST_F(GlueTest, ReleaseCurrentThreadSlotReturnsTheLeaseAndTheNextUseLeasesAgain
   std::thread([] {
     MPSStream* first = at::mps::getCurrentMPSStream();
     EXPECT_NE(first, at::mps::getDefaultMPSStream());
-    EXPECT_EQ(at::mps::getMPSStreamPool().slots().leasedSlots(), 1);
+    EXPECT_EQ(glue::leasedSlots(), 1);
     glue::encodeIncrement(glue::bufferOf(glue::allocated(64)));
     at::detail::getMPSHooks().releaseCurrentThreadSlot();
-    EXPECT_EQ(at::mps::getMPSStreamPool().slots().leasedSlots(), 0);
+    EXPECT_EQ(glue::leasedSlots(), 0);
     EXPECT_NE(at::mps::getCurrentMPSStream(), at::mps::getDefaultMPSStream());
-    EXPECT_EQ(at::mps::getMPSStreamPool().slots().leasedSlots(), 1);
+    EXPECT_EQ(glue::leasedSlots(), 1);
   }).join();
-  EXPECT_EQ(at::mps::getMPSStreamPool().slots().leasedSlots(), 0);
+  EXPECT_EQ(glue::leasedSlots(), 0);
 }
 
 TEST_F(GlueTest, SetCurrentStreamMovesTheThreadsOpsToThatStream) {
@@ -127,7 +127,7 @@ TEST_F(GlueTest, CompletionHandlersRunAfterTheirThreadExited) {
     });
     at::mps::getCurrentMPSStream()->synchronize(at::mps::SyncType::COMMIT);
   });
-  EXPECT_EQ(at::mps::getMPSStreamPool().slots().leasedSlots(), 0);
+  EXPECT_EQ(glue::leasedSlots(), 0);
   EXPECT_TRUE(glue::eventually([&] { return ran.load() == kThreads; })) << ran.load() << " handlers ran";
   EXPECT_EQ(ran_early.load(), 0);
 }
@@ -369,7 +369,7 @@ TEST_F(GlueTest, ExtensionAsyncBlockEncodesAndCommitsOnTheQueuesStream) {
           [encoder endEncoding];
           hooks.commitStream();
         }
-        done->set_value(at::mps::getMPSStreamPool().slots().leasedSlots());
+        done->set_value(glue::leasedSlots());
       });
       EXPECT_EQ(done->get_future().get(), 1) << "leased streams while the block ran";
       EXPECT_GT(stream->pendingCommitPoint(), committed);

@@ -3,6 +3,7 @@
 
 #include "SimStream.h"
 #include "harness.h"
+#include "stream_pool_peer.h"
 
 #include <atomic>
 #include <random>
@@ -14,6 +15,7 @@ using at::mps::ExhaustionConfig;
 using at::mps::ExhaustionPolicy;
 using at::mps::kWorkerStreams;
 using at::mps::StreamIndex;
+using at::mps::StreamSlotPoolTestPeer;
 using at::mps::SyncType;
 
 at::mps::StreamPoolOptions workerThreads(ExhaustionConfig cfg = {}) {
@@ -112,7 +114,7 @@ TEST_F(PoolStressTest, SixtyFourThreadsMixingEveryOperation) {
   pool_->synchronizeAll();
   device().waitIdle();
   EXPECT_GE(kernels.load(), static_cast<int64_t>(kThreads) * iters);
-  EXPECT_EQ(pool_->slots().leasedSlots(), 0);
+  EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(pool_->slots()), 0);
 }
 
 TEST_F(PoolStressTest, HundredThousandShortLivedThreadsLeakNoSlot) {
@@ -133,7 +135,7 @@ TEST_F(PoolStressTest, HundredThousandShortLivedThreadsLeakNoSlot) {
     }
   }
   EXPECT_EQ(leased_ok.load(), total);
-  EXPECT_EQ(pool_->slots().leasedSlots(), 0);
+  EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(pool_->slots()), 0);
 }
 
 // Note [MPS main thread lookup]: waves of short-lived threads, a quarter of
@@ -175,7 +177,7 @@ TEST_F(PoolStressTest, MainThreadsHandTheGlobalCacheOverAsTheyExit) {
   EXPECT_EQ(right.load(), total);
   EXPECT_GT(claimed.load(), 0);
   EXPECT_EQ(at::mps::detail::main_cache.owner.load(), 0u);
-  EXPECT_EQ(pool_->slots().leasedSlots(), 0);
+  EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(pool_->slots()), 0);
 }
 
 // 4x oversubscription (124 threads for 31 worker slots) under each policy.
@@ -241,7 +243,7 @@ class ExhaustionStressTest : public PoolStressTest {
     for (auto& th : threads) {
       th.join();
     }
-    EXPECT_EQ(pool_->slots().leasedSlots(), 0);
+    EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(pool_->slots()), 0);
     return out;
   }
 };
@@ -337,7 +339,7 @@ TEST_F(PoolStressTest, InjectedFaultsSurfaceAndThePoolRecovers) {
   EXPECT_EQ(creation_errors.load(), 10);
   EXPECT_GE(gpu_errors.load(), 1);
   EXPECT_EQ(ok + creation_errors + gpu_errors, kThreads * 20);
-  EXPECT_EQ(pool_->slots().leasedSlots(), 0);
+  EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(pool_->slots()), 0);
 }
 
 } // namespace

@@ -3,6 +3,7 @@
 
 #include "SimStream.h"
 #include "harness.h"
+#include "stream_pool_peer.h"
 
 #include <ATen/mps/MPSSerialDispatch.h>
 
@@ -16,6 +17,7 @@ namespace {
 using at::mps::kStreamsPerPool;
 using at::mps::StreamActivity;
 using at::mps::StreamIndex;
+using at::mps::StreamSlotPoolTestPeer;
 using namespace std::chrono_literals;
 
 const StreamActivity::Clock::time_point t0 =
@@ -114,7 +116,7 @@ TEST_F(PoolActivityTest, CountsTheDistinctPoolStreamsThatEncode) {
   }
   encoded.wait();
   EXPECT_EQ(activity.activeStreams(), kThreads);
-  EXPECT_EQ(pool_->slots().leasedSlots(), kThreads);
+  EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(pool_->slots()), kThreads);
   counted.arriveAndWait();
   for (auto& th : threads) {
     th.join();

@@ -3,6 +3,7 @@
 
 #include "SimStream.h"
 #include "harness.h"
+#include "stream_pool_peer.h"
 
 #include <ATen/mps/MPSStreamPool.h>
 
@@ -23,6 +24,7 @@ using at::mps::ExhaustionPolicy;
 using at::mps::kStreamsPerPool;
 using at::mps::kWorkerStreams;
 using at::mps::StreamIndex;
+using at::mps::StreamSlotPoolTestPeer;
 using ::testing::_;
 using ::testing::HasSubstr;
 using ::testing::Invoke;
@@ -170,7 +172,7 @@ TEST(StreamPoolTest, MainThreadUsesDefaultStreamWithoutLease) {
   PoolUnderTest t(options({}, /*main_thread=*/true));
   EXPECT_EQ(t.pool->slots().currentIndex(), 0);
   EXPECT_EQ(t.pool->currentStream().index, 0);
-  EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
+  EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(t.pool->slots()), 0);
   EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
 }
 
@@ -196,7 +198,7 @@ TEST(StreamPoolTest, WorkerThreadsLeaseDistinctSlotsExclusively) {
       EXPECT_EQ(t.pool->slots().currentIndex(), got[i]); // stable
       EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
       all_leased.arriveAndWait();
-      leased_seen[i] = t.pool->slots().leasedSlots();
+      leased_seen[i] = StreamSlotPoolTestPeer::leasedSlots(t.pool->slots());
       all_counted.arriveAndWait();
     });
   }
@@ -208,7 +210,9 @@ TEST(StreamPoolTest, WorkerThreadsLeaseDistinctSlotsExclusively) {
   EXPECT_EQ(*distinct.begin(), 1);
   EXPECT_EQ(*distinct.rbegin(), kStreamsPerPool - 1);
   EXPECT_THAT(leased_seen, ::testing::Each(kThreads));
-  EXPECT_EQ(t.pool->slots().leasedSlots(), 0); // returned at thread exit
+  EXPECT_EQ(
+      StreamSlotPoolTestPeer::leasedSlots(t.pool->slots()),
+      0); // returned at thread exit
 }
 
 TEST(StreamPoolTest, ReleasedSlotIsReusedAndHookFlushesIt) {
@@ -221,11 +225,11 @@ TEST(StreamPoolTest, ReleasedSlotIsReusedAndHookFlushesIt) {
     EXPECT_EQ(t.pool->currentStream().index, 1);
     t.pool->slots().releaseCurrentThreadSlot();
     EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
-    EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
+    EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(t.pool->slots()), 0);
     EXPECT_EQ(t.pool->slots().currentIndex(), 1); // leases again on next use
     return 0;
   });
-  EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
+  EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(t.pool->slots()), 0);
   EXPECT_EQ(onThread([&] { return t.pool->slots().currentIndex(); }), 1);
 }
 
@@ -247,8 +251,8 @@ TEST(StreamPoolTest, ThreadsBindPerPool) {
     EXPECT_EQ(b.pool->slots().currentIndex(), 1);
     return 0;
   });
-  EXPECT_EQ(a.pool->slots().leasedSlots(), 0);
-  EXPECT_EQ(b.pool->slots().leasedSlots(), 0);
+  EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(a.pool->slots()), 0);
+  EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(b.pool->slots()), 0);
 }
 
 // ------------------------------------------------------------ main thread
@@ -328,7 +332,8 @@ TEST(StreamPoolTest, ShareModeHandsOutWorkerStreamsRoundRobin) {
     });
   }
   EXPECT_EQ(shared.size(), 3u);
-  EXPECT_EQ(t.pool->slots().leasedSlots(), kWorkerStreams);
+  EXPECT_EQ(
+      StreamSlotPoolTestPeer::leasedSlots(t.pool->slots()), kWorkerStreams);
 }
 
 TEST(StreamPoolTest, ThrowModeRaisesErrorNamingTheVariable) {
@@ -394,7 +399,8 @@ TEST(StreamPoolTest, AGuardOnAnExhaustedPoolNeitherWaitsNorThrows) {
       EXPECT_EQ(t.pool->slots().exchangeCurrentIndex(saved), 5);
       EXPECT_EQ(t.pool->slots().currentIndex(/*query=*/true), saved);
       EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
-      EXPECT_EQ(t.pool->slots().leasedSlots(), kWorkerStreams);
+      EXPECT_EQ(
+          StreamSlotPoolTestPeer::leasedSlots(t.pool->slots()), kWorkerStreams);
       if (policy == ExhaustionPolicy::kThrow) {
         EXPECT_TORCH_ERROR(
             t.pool->slots().currentIndex(),
@@ -505,7 +511,7 @@ TEST(StreamPoolTest, GetStreamFromPoolIsRoundRobinOverWorkers) {
   for (auto& [index, n] : hits) {
     EXPECT_EQ(n, 2) << "slot " << index;
   }
-  EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
+  EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(t.pool->slots()), 0);
 }
 
 TEST(StreamPoolTest, GuardSetsAndRestoresTheCurrentStream) {
@@ -544,7 +550,7 @@ TEST(StreamPoolTest, ReleasingTheLeaseInsideAStreamGuardIsRefused) {
     EXPECT_FALSE(t.pool->slots().currentThreadHoldsLease());
     return 0;
   });
-  EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
+  EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(t.pool->slots()), 0);
 }
 
 // A guard on the thread's own stream restores it on exit: giving the lease
@@ -579,7 +585,7 @@ TEST(StreamPoolTest, ReleaseAfterSetStreamElsewhereWaitsForTheWayBack) {
         t.pool->slots().releaseCurrentThreadSlot(), "set_stream");
     EXPECT_EQ(t.pool->slots().exchangeCurrentIndex(mine), other);
     t.pool->slots().releaseCurrentThreadSlot();
-    EXPECT_EQ(t.pool->slots().leasedSlots(), 0);
+    EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(t.pool->slots()), 0);
     return 0;
   });
 }
@@ -598,7 +604,7 @@ TEST(StreamPoolTest, GuardAfterAReleaseLeasesOnEntryNotOnExit) {
       EXPECT_TRUE(t.pool->slots().currentThreadHoldsLease());
     }
     EXPECT_EQ(t.pool->slots().currentIndex(), leased);
-    EXPECT_EQ(t.pool->slots().leasedSlots(), 1);
+    EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(t.pool->slots()), 1);
     return 0;
   });
 }

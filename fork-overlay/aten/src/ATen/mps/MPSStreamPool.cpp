@@ -387,11 +387,6 @@ void StreamSlotPool::releaseCurrentThreadSlot() {
   returnSlot(std::exchange(b.leased, -1));
 }
 
-int StreamSlotPool::leasedSlots() const {
-  MutexLock lock(mu_);
-  return kWorkerStreams - static_cast<int>(free_slots_.size());
-}
-
 bool StreamSlotPool::currentThreadHoldsLease() const {
   return tls_bindings.find(*this).leased > 0;
 }

@@ -206,7 +206,6 @@ class TORCH_API StreamSlotPool {
   // set_stream() to another stream (see exchangeCurrentIndex()).
   void releaseCurrentThreadSlot();
 
-  int leasedSlots() const MPS_EXCLUDES(mu_);
   bool currentThreadHoldsLease() const;
 
   void cacheStream(StreamIndex index, void* stream);
@@ -228,6 +227,7 @@ class TORCH_API StreamSlotPool {
   static void onForkChild();
   [[noreturn]] static void failForked();
   friend struct ThreadBindings;
+  friend struct StreamSlotPoolTestPeer;
 
   StreamIndex currentIndexSlow(bool query);
   // The leased slot; -1 when none is free and `cfg` shares a stream instead.
@@ -240,7 +240,7 @@ class TORCH_API StreamSlotPool {
   std::atomic<uint32_t> round_robin_{0};
   const std::function<void(StreamIndex)> release_hook_;
 
-  mutable Mutex mu_;
+  Mutex mu_;
   CondVar slot_freed_;
   // Free worker slots, popped from the back: lowest first, deterministically.
   std::vector<StreamIndex> free_slots_ MPS_GUARDED_BY(mu_);
