@@ -243,7 +243,7 @@ class SimStreamBackend : public at::mps::StreamBackend<SimStream> {
     return std::make_unique<SimStream>(
         std::move(queue),
         index,
-        at::mps::resolveCommitAndContinue(index, cac_env_, false));
+        at::mps::resolveCommitAndContinue(index, cac_env_));
   }
   void synchronize(SimStream& stream) override {
     stream.synchronize(at::mps::SyncType::COMMIT_AND_WAIT);

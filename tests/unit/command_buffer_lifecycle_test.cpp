@@ -282,16 +282,13 @@ TEST_F(LifecycleTest, SyncOutsideTheSerialSectionBreaksAnEncoderInUse) {
 
 TEST(CommitAndContinuePolicyTest, DefaultStreamOnlyUnlessOverridden) {
   using at::mps::resolveCommitAndContinue;
-  EXPECT_TRUE(resolveCommitAndContinue(0, nullptr, false));
-  EXPECT_FALSE(resolveCommitAndContinue(5, nullptr, false));
-  EXPECT_TRUE(resolveCommitAndContinue(0, "", false));
-  EXPECT_TRUE(resolveCommitAndContinue(5, "1", false));
-  EXPECT_FALSE(resolveCommitAndContinue(0, "0", false));
-  // The profiler's signposts and capture always win.
-  EXPECT_FALSE(resolveCommitAndContinue(0, nullptr, true));
-  EXPECT_FALSE(resolveCommitAndContinue(5, "1", true));
+  EXPECT_TRUE(resolveCommitAndContinue(0, nullptr));
+  EXPECT_FALSE(resolveCommitAndContinue(5, nullptr));
+  EXPECT_TRUE(resolveCommitAndContinue(0, ""));
+  EXPECT_TRUE(resolveCommitAndContinue(5, "1"));
+  EXPECT_FALSE(resolveCommitAndContinue(0, "0"));
   EXPECT_TORCH_ERROR(
-      resolveCommitAndContinue(0, "yes", false),
+      resolveCommitAndContinue(0, "yes"),
       "MPS_ENABLE_COMMIT_AND_CONTINUE='yes' is not valid");
 }
 

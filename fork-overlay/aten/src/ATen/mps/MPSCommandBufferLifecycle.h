@@ -36,15 +36,10 @@ constexpr EnvSwitch kCommitAndContinueSwitch{
     "on for the default stream only"};
 
 // On for the default stream only, unless `env_value` says otherwise (see
-// Note [MPS environment switches]); never if `profiler_needs_plain_commits`
-// (signposts or capture want one buffer per commit).
-inline bool resolveCommitAndContinue(
-    StreamIndex index,
-    const char* env_value,
-    bool profiler_needs_plain_commits) {
+// Note [MPS environment switches]); MPSStream turns it off for the profiler.
+inline bool resolveCommitAndContinue(StreamIndex index, const char* env_value) {
   return parseEnvSwitch(kCommitAndContinueSwitch, env_value)
-             .value_or(index == kDefaultStreamIndex) &&
-      !profiler_needs_plain_commits;
+      .value_or(index == kDefaultStreamIndex);
 }
 
 // Note [MPS command buffer lifecycle]
