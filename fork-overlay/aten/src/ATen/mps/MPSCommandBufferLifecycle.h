@@ -18,8 +18,7 @@ enum class SyncType {
   NONE, // no commit to command buffer
   COMMIT, // commit and flush the command buffer
   COMMIT_AND_WAIT, // flush and wait for command buffer execution to finish
-  COMMIT_AND_CONTINUE, // commit and continue with a new underlying command
-                       // buffer
+  COMMIT_AND_CONTINUE, // commit and continue with a new underlying buffer
   COMMIT_ADAPTIVE, // commit adaptively based on available memory
 };
 
