@@ -137,8 +137,8 @@ TEST_F(GlueTest, OneCachedGraphRunsOnManyThreadsOneEncodeAtATime) {
 }
 
 // Ops on many threads asking MPSKernelCache for one key get one kernel,
-// created once, and the encode guard of that kernel lets one thread encode
-// it at a time (Note [MPS graph and kernel caches]).
+// created once, and the family lock that every encode of it holds lets one
+// thread encode it at a time (Note [MPS graph and kernel caches]).
 TEST_F(GlueTest, CachedKernelIsCreatedOnceAndItsEncodesNeverOverlap) {
   using at::native::mps::MPSCachedKernel;
   constexpr int kThreads = 12;
@@ -153,7 +153,7 @@ TEST_F(GlueTest, CachedKernelIsCreatedOnceAndItsEncodesNeverOverlap) {
     });
     kernels[i] = cached->kernel<NSObject>();
     for (int e = 0; e < kEncodes; ++e) {
-      auto guard = at::native::mps::MPSKernelCache::getInstance()->encodeGuard(kernels[i]);
+      at::mps::SerializedEncode serialized(at::mps::RacyKernelFamily::kMatrixMultiplication);
       const int now = inside.fetch_add(1) + 1;
       int most = most_inside.load();
       while (now > most && !most_inside.compare_exchange_weak(most, now)) {

@@ -18,8 +18,7 @@ namespace at::mps {
 //
 // Lock order: family locks are taken inside the serial section, after
 // commandBuffer()/commandEncoder(), in increasing RacyKernelFamily order
-// (checked at run time). Under one only a cached kernel's encode lock
-// (Note [MPS graph and kernel caches]) and the stream's own locks are taken.
+// (checked at run time). Under one only the stream's own locks are taken.
 enum class RacyKernelFamily : uint8_t {
   kMatrixMultiplication, // no-graph nn.Linear, tiled bmm
   kLayerNormKernel, // LayerNorm forward Metal kernel

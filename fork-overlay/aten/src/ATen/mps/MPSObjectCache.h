@@ -125,19 +125,20 @@ class OnceCache {
 // Apple forbids encoding one MPSKernel from two threads at once (MPSGraph is
 // undocumented), and streams on different threads can reach one cached
 // object together. So MPSGraphCache and MPSKernelCache keep one object per
-// key, created once (Note [MPS create-once cache]), with an encode lock that
-// every encode of it holds: one object's encodes serialise, different
-// objects' run in parallel (per-thread caches would build, compile and keep
-// every graph per thread). Entries are also indexed by object address, as
-// encoders usually hold only the raw object (runMPSGraph gets an MPSGraph*);
-// an object not from the cache gets a no-op guard. EncodeGuard is re-entrant
-// per thread, so two layers of the encoding path may both guard one encode.
+// key, created once (Note [MPS create-once cache]). Each cached graph has an
+// encode lock that every encode of it holds: one graph's encodes serialise,
+// different graphs' run in parallel (per-thread caches would build, compile
+// and keep every graph per thread). The cached kernels (no-graph nn.Linear's)
+// need none: they are encoded only under their family lock
+// (Note [MPS Apple framework workarounds]). Entries are also indexed by
+// object address, as runMPSGraph gets only an MPSGraph*; an object not from
+// the cache gets a no-op guard. EncodeGuard is re-entrant per thread, so two
+// layers of the encoding path may both guard one encode.
 //
 // Lock order: a graph's encode lock before its stream's serial section
-// (runMPSGraph); a kernel's inside it, after any family lock
-// (Note [MPS Apple framework workarounds]). Under an encode lock only the
-// stream's own locks (serial section, command-buffer lifecycle, encoder
-// gate) are taken, never another encode lock or a family lock.
+// (runMPSGraph). Under an encode lock only the stream's own locks (serial
+// section, command-buffer lifecycle, encoder gate) are taken, never another
+// encode lock or a family lock.
 struct EncodeLock {
   Mutex mu;
   // Written only by the holder: a relaxed load sees our id iff we hold it.
