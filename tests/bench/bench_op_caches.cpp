@@ -98,8 +98,9 @@ void BM_GraphCacheLookupAndEncodeGuard(benchmark::State& state) {
   int i = state.thread_index() * 7;
   for (auto _ : state) {
     auto* entry = object_cache->find(keys()[i++ % kKeys]);
-    at::mps::EncodeGuard guard = object_cache->encodeGuard(entry->object());
-    benchmark::DoNotOptimize(entry->object()->payload);
+    at::mps::EncodeGuard guard =
+        object_cache->encodeGuard(entry->object_.get());
+    benchmark::DoNotOptimize(entry->object_->payload);
   }
 }
 BENCHMARK(BM_GraphCacheLookupAndEncodeGuard)->Threads(1)->Threads(2);

@@ -89,7 +89,7 @@ TEST_F(ObjectCacheTest, ConcurrentRequestsOfOneKeyShareOneObjectCreatedOnce) {
   for (Cache::Entry* e : seen) {
     EXPECT_EQ(e, seen[0]);
   }
-  EXPECT_EQ(seen[0]->key(), "mps_linear:f32");
+  EXPECT_EQ(seen[0]->key_, "mps_linear:f32");
 }
 
 // Lookup by object identity is observed through encodeGuard() below.
@@ -122,7 +122,7 @@ TEST_F(ObjectCacheTest, NoObjectIsEverEncodedByTwoThreadsAtOnce) {
       for (int i = 0; i < kIterations; ++i) {
         const std::string key = (i + t) % 2 == 0 ? "graph:even" : "graph:odd";
         FakeMpsObject* object =
-            cache_.getOrCreate(key, [&] { return make(key); }).object();
+            cache_.getOrCreate(key, [&] { return make(key); }).object_.get();
         // Encoders hold only the raw object, as runMPSGraph does.
         EncodeGuard guard = cache_.encodeGuard(object);
         object->encode();
@@ -133,14 +133,14 @@ TEST_F(ObjectCacheTest, NoObjectIsEverEncodedByTwoThreadsAtOnce) {
     th.join();
   }
   EXPECT_EQ(
-      cache_.find("graph:even")->object()->encodes() +
-          cache_.find("graph:odd")->object()->encodes(),
+      cache_.find("graph:even")->object_->encodes() +
+          cache_.find("graph:odd")->object_->encodes(),
       kThreads * kIterations);
 }
 
 TEST_F(ObjectCacheTest, SecondEncoderOfOneObjectWaitsForTheFirst) {
   FakeMpsObject* object =
-      cache_.getOrCreate("k", [&] { return make("k"); }).object();
+      cache_.getOrCreate("k", [&] { return make("k"); }).object_.get();
   std::promise<void> holding, release;
   auto first = std::async(std::launch::async, [&] {
     EncodeGuard guard = cache_.encodeGuard(object);
@@ -163,9 +163,9 @@ TEST_F(ObjectCacheTest, SecondEncoderOfOneObjectWaitsForTheFirst) {
 
 TEST_F(ObjectCacheTest, DifferentObjectsEncodeInParallel) {
   FakeMpsObject* a =
-      cache_.getOrCreate("a", [&] { return make("a"); }).object();
+      cache_.getOrCreate("a", [&] { return make("a"); }).object_.get();
   FakeMpsObject* b =
-      cache_.getOrCreate("b", [&] { return make("b"); }).object();
+      cache_.getOrCreate("b", [&] { return make("b"); }).object_.get();
   // Each thread waits, inside its guard, for the other to be inside its own:
   // a shared lock would never let both in.
   harness::Latch both_inside(2);
@@ -183,7 +183,7 @@ TEST_F(ObjectCacheTest, DifferentObjectsEncodeInParallel) {
 
 TEST_F(ObjectCacheTest, GuardIsReentrantOnTheHoldingThreadOnly) {
   FakeMpsObject* object =
-      cache_.getOrCreate("k", [&] { return make("k"); }).object();
+      cache_.getOrCreate("k", [&] { return make("k"); }).object_.get();
   {
     EncodeGuard outer = cache_.encodeGuard(object);
     EncodeGuard inner = cache_.encodeGuard(object); // would self-deadlock
@@ -228,8 +228,8 @@ TEST_F(ObjectCacheTest, ConcurrentHitsMissesAndEncodesOverManyKeys) {
             return make(key);
           });
         }
-        EncodeGuard guard = cache_.encodeGuard(entry->object());
-        entry->object()->encode();
+        EncodeGuard guard = cache_.encodeGuard(entry->object_.get());
+        entry->object_->encode();
       }
     });
   }
@@ -240,7 +240,7 @@ TEST_F(ObjectCacheTest, ConcurrentHitsMissesAndEncodesOverManyKeys) {
   for (int k = 0; k < kKeys; ++k) {
     EXPECT_LE(creates[k].load(), 1);
     if (Cache::Entry* e = cache_.find("op:" + std::to_string(k))) {
-      total += e->object()->encodes();
+      total += e->object_->encodes();
     }
   }
   EXPECT_EQ(total, kThreads * kIterations);

@@ -77,10 +77,8 @@ class OnceCache {
     const Shard& shard = shardFor(key);
     MutexLock lock(shard.mu);
     auto it = shard.slots.find(key);
-    if (it == shard.slots.end() || !it->second->value.has_value()) {
-      return nullptr;
-    }
-    return &*it->second->value;
+    return it != shard.slots.end() && it->second->value ? &*it->second->value
+                                                        : nullptr;
   }
 
   // Runs fn(key, value) under the shard lock: fn must not re-enter the cache.
@@ -175,22 +173,10 @@ class ObjectCache {
  public:
   using IdentityFn = const void* (*)(const T&);
 
-  class Entry {
-   public:
-    Entry(std::string key, std::unique_ptr<T> object)
-        : key_(std::move(key)), object_(std::move(object)) {}
-    T* object() const {
-      return object_.get();
-    }
-    const std::string& key() const {
-      return key_;
-    }
-
-   private:
-    friend class ObjectCache;
+  struct Entry {
     const std::string key_;
     const std::unique_ptr<T> object_;
-    mutable EncodeLock encode_lock_;
+    mutable EncodeLock encode_lock_{}; // for encodeGuard()
   };
 
   explicit ObjectCache(IdentityFn identity) : identity_(identity) {}
@@ -199,17 +185,17 @@ class ObjectCache {
   template <typename Create>
   Entry& getOrCreate(const std::string& key, Create&& create) {
     return *entries_.getOrCreate(key, [&]() {
-      auto entry = std::make_unique<Entry>(key, std::forward<Create>(create)());
+      std::unique_ptr<Entry> entry(
+          new Entry{key, std::forward<Create>(create)()});
       TORCH_CHECK(
-          entry->object() != nullptr,
+          entry->object_ != nullptr,
           "MPS object cache: creating the object for key '",
           key,
           "' returned null");
-      Entry* const raw = entry.get();
       Entry* const indexed = by_identity_.getOrCreate(
-          identity_(*raw->object()), [raw]() { return raw; });
+          identity_(*entry->object_), [&]() { return entry.get(); });
       TORCH_INTERNAL_ASSERT(
-          indexed == raw,
+          indexed == entry.get(),
           "MPS object cache: two entries hold the same object (key '",
           key,
           "')");
