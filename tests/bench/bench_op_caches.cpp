@@ -34,8 +34,8 @@ const std::vector<std::string>& keys() {
 struct Object {
   int payload = 0;
 };
-const void* identityOf(const Object& o) {
-  return &o;
+const void* identityOf(const std::unique_ptr<Object>& o) {
+  return o.get();
 }
 
 at::mps::OnceCache<std::string, int>* const once_cache = [] {
@@ -46,8 +46,8 @@ at::mps::OnceCache<std::string, int>* const once_cache = [] {
   return c;
 }();
 
-at::mps::ObjectCache<Object>* const object_cache = [] {
-  auto* c = new at::mps::ObjectCache<Object>(&identityOf);
+at::mps::ObjectCache<std::unique_ptr<Object>>* const object_cache = [] {
+  auto* c = new at::mps::ObjectCache<std::unique_ptr<Object>>(&identityOf);
   for (int i = 0; i < kKeys; ++i) {
     c->getOrCreate(keys()[i], [] { return std::make_unique<Object>(); });
   }
@@ -98,9 +98,8 @@ void BM_GraphCacheLookupAndEncodeGuard(benchmark::State& state) {
   int i = state.thread_index() * 7;
   for (auto _ : state) {
     auto* entry = object_cache->find(keys()[i++ % kKeys]);
-    at::mps::EncodeGuard guard =
-        object_cache->encodeGuard(entry->object_.get());
-    benchmark::DoNotOptimize(entry->object_->payload);
+    at::mps::EncodeGuard guard = object_cache->encodeGuard(entry->get());
+    benchmark::DoNotOptimize((*entry)->payload);
   }
 }
 BENCHMARK(BM_GraphCacheLookupAndEncodeGuard)->Threads(1)->Threads(2);

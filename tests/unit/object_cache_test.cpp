@@ -52,11 +52,14 @@ class FakeMpsObject {
   int encodes_ = 0;
 };
 
-const void* identityOf(const FakeMpsObject& o) {
-  return &o;
+// The cached value, as MPSGraphCache's entry holds its graph.
+using Entry = std::unique_ptr<FakeMpsObject>;
+
+const void* identityOf(const Entry& e) {
+  return e.get();
 }
 
-using Cache = ObjectCache<FakeMpsObject>;
+using Cache = ObjectCache<Entry>;
 
 class ObjectCacheTest : public harness::SimTest {
  protected:
@@ -69,7 +72,7 @@ class ObjectCacheTest : public harness::SimTest {
 TEST_F(ObjectCacheTest, ConcurrentRequestsOfOneKeyShareOneObjectCreatedOnce) {
   constexpr int kThreads = 12;
   std::atomic<int> creates{0};
-  std::vector<Cache::Entry*> seen(kThreads);
+  std::vector<const Entry*> seen(kThreads);
   harness::Latch start(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
@@ -86,16 +89,16 @@ TEST_F(ObjectCacheTest, ConcurrentRequestsOfOneKeyShareOneObjectCreatedOnce) {
     th.join();
   }
   EXPECT_EQ(creates.load(), 1);
-  for (Cache::Entry* e : seen) {
+  for (const Entry* e : seen) {
     EXPECT_EQ(e, seen[0]);
   }
-  EXPECT_EQ(seen[0]->key_, "mps_linear:f32");
+  EXPECT_EQ(cache_.find("mps_linear:f32"), seen[0]);
 }
 
 // Lookup by object identity is observed through encodeGuard() below.
 TEST_F(ObjectCacheTest, FindsEntriesByKey) {
-  Cache::Entry& a = cache_.getOrCreate("a", [&] { return make("a"); });
-  Cache::Entry& b = cache_.getOrCreate("b", [&] { return make("b"); });
+  const Entry& a = cache_.getOrCreate("a", [&] { return make("a"); });
+  const Entry& b = cache_.getOrCreate("b", [&] { return make("b"); });
   EXPECT_EQ(cache_.find("a"), &a);
   EXPECT_EQ(cache_.find("b"), &b);
   EXPECT_EQ(cache_.find("c"), nullptr);
@@ -122,7 +125,7 @@ TEST_F(ObjectCacheTest, NoObjectIsEverEncodedByTwoThreadsAtOnce) {
       for (int i = 0; i < kIterations; ++i) {
         const std::string key = (i + t) % 2 == 0 ? "graph:even" : "graph:odd";
         FakeMpsObject* object =
-            cache_.getOrCreate(key, [&] { return make(key); }).object_.get();
+            cache_.getOrCreate(key, [&] { return make(key); }).get();
         // Encoders hold only the raw object, as runMPSGraph does.
         EncodeGuard guard = cache_.encodeGuard(object);
         object->encode();
@@ -133,14 +136,14 @@ TEST_F(ObjectCacheTest, NoObjectIsEverEncodedByTwoThreadsAtOnce) {
     th.join();
   }
   EXPECT_EQ(
-      cache_.find("graph:even")->object_->encodes() +
-          cache_.find("graph:odd")->object_->encodes(),
+      (*cache_.find("graph:even"))->encodes() +
+          (*cache_.find("graph:odd"))->encodes(),
       kThreads * kIterations);
 }
 
 TEST_F(ObjectCacheTest, SecondEncoderOfOneObjectWaitsForTheFirst) {
   FakeMpsObject* object =
-      cache_.getOrCreate("k", [&] { return make("k"); }).object_.get();
+      cache_.getOrCreate("k", [&] { return make("k"); }).get();
   std::promise<void> holding, release;
   auto first = std::async(std::launch::async, [&] {
     EncodeGuard guard = cache_.encodeGuard(object);
@@ -162,10 +165,8 @@ TEST_F(ObjectCacheTest, SecondEncoderOfOneObjectWaitsForTheFirst) {
 }
 
 TEST_F(ObjectCacheTest, DifferentObjectsEncodeInParallel) {
-  FakeMpsObject* a =
-      cache_.getOrCreate("a", [&] { return make("a"); }).object_.get();
-  FakeMpsObject* b =
-      cache_.getOrCreate("b", [&] { return make("b"); }).object_.get();
+  FakeMpsObject* a = cache_.getOrCreate("a", [&] { return make("a"); }).get();
+  FakeMpsObject* b = cache_.getOrCreate("b", [&] { return make("b"); }).get();
   // Each thread waits, inside its guard, for the other to be inside its own:
   // a shared lock would never let both in.
   harness::Latch both_inside(2);
@@ -183,7 +184,7 @@ TEST_F(ObjectCacheTest, DifferentObjectsEncodeInParallel) {
 
 TEST_F(ObjectCacheTest, GuardIsReentrantOnTheHoldingThreadOnly) {
   FakeMpsObject* object =
-      cache_.getOrCreate("k", [&] { return make("k"); }).object_.get();
+      cache_.getOrCreate("k", [&] { return make("k"); }).get();
   {
     EncodeGuard outer = cache_.encodeGuard(object);
     EncodeGuard inner = cache_.encodeGuard(object); // would self-deadlock
@@ -221,15 +222,15 @@ TEST_F(ObjectCacheTest, ConcurrentHitsMissesAndEncodesOverManyKeys) {
       for (int i = 0; i < kIterations; ++i) {
         const int k = pick(rng);
         const std::string key = "op:" + std::to_string(k);
-        Cache::Entry* entry = cache_.find(key);
+        const Entry* entry = cache_.find(key);
         if (entry == nullptr) {
           entry = &cache_.getOrCreate(key, [&] {
             creates[k].fetch_add(1);
             return make(key);
           });
         }
-        EncodeGuard guard = cache_.encodeGuard(entry->object_.get());
-        entry->object_->encode();
+        EncodeGuard guard = cache_.encodeGuard(entry->get());
+        (*entry)->encode();
       }
     });
   }
@@ -239,8 +240,8 @@ TEST_F(ObjectCacheTest, ConcurrentHitsMissesAndEncodesOverManyKeys) {
   int total = 0;
   for (int k = 0; k < kKeys; ++k) {
     EXPECT_LE(creates[k].load(), 1);
-    if (Cache::Entry* e = cache_.find("op:" + std::to_string(k))) {
-      total += e->object_->encodes();
+    if (const Entry* e = cache_.find("op:" + std::to_string(k))) {
+      total += (*e)->encodes();
     }
   }
   EXPECT_EQ(total, kThreads * kIterations);

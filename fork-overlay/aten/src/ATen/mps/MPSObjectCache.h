@@ -128,7 +128,7 @@ class OnceCache {
 // different graphs' run in parallel (per-thread caches would build, compile
 // and keep every graph per thread). The cached kernels (no-graph nn.Linear's)
 // need none: they are encoded only under their family lock
-// (Note [MPS Apple framework workarounds]). Entries are also indexed by
+// (Note [MPS Apple framework workarounds]). Encode locks are indexed by
 // object address, as runMPSGraph gets only an MPSGraph*; an object not from
 // the cache gets a no-op guard. EncodeGuard is re-entrant per thread, so two
 // layers of the encoding path may both guard one encode.
@@ -168,55 +168,53 @@ class EncodeGuard {
   EncodeLock* lock_ = nullptr;
 };
 
-template <typename T>
+// Values by key, created once, each holding an object whose encode lock is
+// found by the object's identity (Note [MPS graph and kernel caches]).
+template <typename Value>
 class ObjectCache {
  public:
-  using IdentityFn = const void* (*)(const T&);
-
-  struct Entry {
-    const std::string key_;
-    const std::unique_ptr<T> object_;
-    mutable EncodeLock encode_lock_{}; // for encodeGuard()
-  };
+  using IdentityFn = const void* (*)(const Value&);
 
   explicit ObjectCache(IdentityFn identity) : identity_(identity) {}
 
-  // create() returns a non-null std::unique_ptr<T>.
+  // create()'s value must hold an object: a non-null identity.
   template <typename Create>
-  Entry& getOrCreate(const std::string& key, Create&& create) {
-    return *entries_.getOrCreate(key, [&]() {
-      std::unique_ptr<Entry> entry(
-          new Entry{key, std::forward<Create>(create)()});
+  const Value& getOrCreate(const std::string& key, Create&& create) {
+    return values_.getOrCreate(key, [&]() {
+      Value value = std::forward<Create>(create)();
+      const void* const identity = identity_(value);
       TORCH_CHECK(
-          entry->object_ != nullptr,
+          identity != nullptr,
           "MPS object cache: creating the object for key '",
           key,
           "' returned null");
-      Entry* const indexed = by_identity_.getOrCreate(
-          identity_(*entry->object_), [&]() { return entry.get(); });
+      bool fresh = false;
+      locks_.getOrCreate(identity, [&]() {
+        fresh = true;
+        return std::make_unique<EncodeLock>();
+      });
       TORCH_INTERNAL_ASSERT(
-          indexed == entry.get(),
+          fresh,
           "MPS object cache: two entries hold the same object (key '",
           key,
           "')");
-      return entry;
+      return value;
     });
   }
 
-  Entry* find(const std::string& key) const {
-    const std::unique_ptr<Entry>* entry = entries_.find(key);
-    return entry != nullptr ? entry->get() : nullptr;
+  const Value* find(const std::string& key) const {
+    return values_.find(key);
   }
 
   EncodeGuard encodeGuard(const void* identity) const {
-    Entry* const* entry = by_identity_.find(identity);
-    return EncodeGuard(entry != nullptr ? &(*entry)->encode_lock_ : nullptr);
+    const std::unique_ptr<EncodeLock>* lock = locks_.find(identity);
+    return EncodeGuard(lock != nullptr ? lock->get() : nullptr);
   }
 
  private:
   const IdentityFn identity_;
-  OnceCache<std::string, std::unique_ptr<Entry>> entries_;
-  OnceCache<const void*, Entry*> by_identity_;
+  OnceCache<std::string, Value> values_;
+  OnceCache<const void*, std::unique_ptr<EncodeLock>> locks_;
 };
 
 } // namespace at::mps
