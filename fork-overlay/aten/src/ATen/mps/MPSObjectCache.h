@@ -168,8 +168,7 @@ class EncodeGuard {
   EncodeLock* lock_ = nullptr;
 };
 
-// Values by key, created once, each holding an object whose encode lock is
-// found by the object's identity (Note [MPS graph and kernel caches]).
+// Values by key, created once, with encode locks by their objects' identity.
 template <typename Value>
 class ObjectCache {
  public:
