@@ -665,4 +665,7 @@ def _child_main(argv):
 
 
 if __name__ == "__main__":
-    _child_main(sys.argv[2:]) if sys.argv[1:2] == [CHILD_FLAG] else run_tests()
+    if sys.argv[1:2] == [CHILD_FLAG]:
+        _child_main(sys.argv[2:])
+    else:
+        run_tests()
