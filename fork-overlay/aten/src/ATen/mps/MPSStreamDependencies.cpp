@@ -58,16 +58,14 @@ void DependencyTracker::use(
     consumer.closePass(/*signal_if_empty=*/false); // the op gets its own mark
   }
   uint64_t mark = consumer.openMark();
-  switch (tryFastPath(me, mark, uses, count)) {
-    case FastPath::kRecorded:
-      return;
-    case FastPath::kPartlyRecorded:
-      // "Fast path" in the Note: abandon this mark, record at the next.
-      consumer.closePass(/*signal_if_empty=*/true);
-      mark = consumer.openMark();
-      break;
-    case FastPath::kNotTaken:
-      break;
+  const FastPath fast = tryFastPath(me, mark, uses, count);
+  if (fast == FastPath::kRecorded) {
+    return;
+  }
+  if (fast == FastPath::kPartlyRecorded) {
+    // "Fast path" in the Note: abandon this mark, record at the next.
+    consumer.closePass(/*signal_if_empty=*/true);
+    mark = consumer.openMark();
   }
 
   // Two-phase locking in address order; see "Record" in the Note.
@@ -209,6 +207,7 @@ void DependencyTracker::resolve(
     DependencyStream& consumer,
     const Needs& needs,
     UseSite site) {
+  const StreamIndex me = consumer.index();
   bool committed_own = false;
   for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
     DependencyStream* producer = streams_[s].load(std::memory_order_acquire);
@@ -224,13 +223,32 @@ void DependencyTracker::resolve(
       producer->flushAsync(needs[s]);
     }
     // Progress rule 1: only committed marks are waited for on the GPU.
-    if (site == UseSite::kInPass || !committed) {
-      waitFor(
-          consumer,
-          *producer,
-          needs[s],
-          site == UseSite::kInPass ? &DependencyStream::waitCompleted
-                                   : &DependencyStream::waitCommitted);
+    if (site == UseSite::kBeforeEncoding && committed) {
+      continue;
+    }
+    // Published while blocked, for waitsForItself().
+    waiting_on_[me].store(pack(s, needs[s]), std::memory_order_seq_cst);
+    struct Unpublish {
+      std::atomic<uint64_t>& word;
+      ~Unpublish() {
+        word.store(0, std::memory_order_seq_cst);
+      }
+    } unpublish{waiting_on_[me]};
+    TORCH_CHECK(
+        !waitsForItself(me, s, needs[s]),
+        "MPS stream ",
+        me,
+        " and stream ",
+        s,
+        " each need work the other has not submitted, and one of them is "
+        "encoding a Metal kernel that reads a buffer the other one is "
+        "still writing, so neither can go first. Order the two threads "
+        "(torch.mps.synchronize(), an Event, or Stream.wait_stream) or let "
+        "one finish before the other uses its outputs.");
+    if (site == UseSite::kInPass) {
+      producer->waitCompleted(needs[s]);
+    } else {
+      producer->waitCommitted(needs[s]);
     }
   }
   if (site == UseSite::kInPass) {
@@ -252,12 +270,10 @@ void DependencyTracker::resolve(
 // the last of its waits to be published always sees the others.
 bool DependencyTracker::waitsForItself(
     StreamIndex me,
-    StreamIndex stream,
-    uint64_t mark) const {
+    StreamIndex s,
+    uint64_t m) const {
   std::array<uint64_t, kStreamsPerPool + 1> chain{};
   size_t n = 0;
-  StreamIndex s = stream;
-  uint64_t m = mark;
   while (n < chain.size()) {
     if (streams_[s].load(std::memory_order_acquire)->committedMark() >= m) {
       return false;
@@ -286,34 +302,6 @@ bool DependencyTracker::waitsForItself(
     }
   }
   return true;
-}
-
-void DependencyTracker::waitFor(
-    DependencyStream& consumer,
-    DependencyStream& producer,
-    uint64_t point,
-    void (DependencyStream::*wait)(uint64_t)) {
-  const StreamIndex me = consumer.index();
-  std::atomic<uint64_t>& mine = waiting_on_[me];
-  mine.store(pack(producer.index(), point), std::memory_order_seq_cst);
-  struct Unpublish {
-    std::atomic<uint64_t>& word;
-    ~Unpublish() {
-      word.store(0, std::memory_order_seq_cst);
-    }
-  } unpublish{mine};
-  TORCH_CHECK(
-      !waitsForItself(me, producer.index(), point),
-      "MPS stream ",
-      me,
-      " and stream ",
-      producer.index(),
-      " each need work the other has not submitted, and one of them is "
-      "encoding a Metal kernel that reads a buffer the other one is "
-      "still writing, so neither can go first. Order the two threads "
-      "(torch.mps.synchronize(), an Event, or Stream.wait_stream) or let "
-      "one finish before the other uses its outputs.");
-  (producer.*wait)(point);
 }
 
 } // namespace at::mps

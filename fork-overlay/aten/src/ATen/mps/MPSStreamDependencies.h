@@ -293,13 +293,7 @@ class TORCH_API DependencyTracker {
       Access access,
       Needs& needs);
   void resolve(DependencyStream& consumer, const Needs& needs, UseSite site);
-  bool waitsForItself(StreamIndex me, StreamIndex stream, uint64_t mark) const;
-  // Publishes the wait in waiting_on_, then blocks in `wait`(point).
-  void waitFor(
-      DependencyStream& consumer,
-      DependencyStream& producer,
-      uint64_t point,
-      void (DependencyStream::*wait)(uint64_t));
+  bool waitsForItself(StreamIndex me, StreamIndex s, uint64_t m) const;
 
   std::array<std::atomic<DependencyStream*>, kStreamsPerPool> streams_{};
   // Each blocked stream's awaited (stream, mark) packed as last_write_, or 0.
