@@ -35,16 +35,14 @@ class SimEventBackend {
     return h->signaledValue();
   }
   // Event commands go between passes, so the open encoder ends first.
-  void encodeSignal(Stream& s, const Handle& h, uint64_t value) {
+  void encode(Stream& s, const Handle& h, uint64_t value, bool wait) {
     s.serial([&](Lifecycle& lc) {
       lc.endKernelCoalescing();
-      lc.commandBuffer()->encodeSignal(h, value);
-    });
-  }
-  void encodeWait(Stream& s, const Handle& h, uint64_t value) {
-    s.serial([&](Lifecycle& lc) {
-      lc.endKernelCoalescing();
-      lc.commandBuffer()->encodeWait(h, value);
+      if (wait) {
+        lc.commandBuffer()->encodeWait(h, value);
+      } else {
+        lc.commandBuffer()->encodeSignal(h, value);
+      }
     });
   }
   void commit(Stream& s) {

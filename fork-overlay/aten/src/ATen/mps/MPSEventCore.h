@@ -32,7 +32,7 @@ namespace at::mps {
 //   using Stream; using Handle;  (the shared event, owned by the event)
 //   Handle makeEvent(); void releaseEvent(const Handle&); uint64_t nowNs();
 //   uint64_t signaledValue(const Handle&);
-//   void encodeSignal/encodeWait(Stream&, const Handle&, uint64_t value);
+//   void encode(Stream&, const Handle&, uint64_t value, bool wait);
 //   void commit(Stream&);  (synchronize(COMMIT))
 //   void notify(const Handle&, uint64_t value, std::function<void()>);
 template <typename Backend>
@@ -44,8 +44,8 @@ class StreamEvent {
   StreamEvent(Backend* backend, uint64_t id, bool enable_timing)
       : backend_(backend),
         id_(id),
-        handle_(backend->makeEvent()),
         timing_(enable_timing),
+        handle_(backend->makeEvent()),
         state_(std::make_shared<Completion>()) {}
 
   ~StreamEvent() {
@@ -53,16 +53,16 @@ class StreamEvent {
   }
 
   void record(Stream& stream, bool commit) MPS_EXCLUDES(mu_) {
-    const auto [value, timing] = [&]() MPS_EXCLUDES(mu_) {
+    const uint64_t value = [&]() MPS_EXCLUDES(mu_) {
       MutexLock lock(mu_);
-      return std::make_pair(++counter_, timing_);
+      return ++counter_;
     }();
     // Registered before the signal: notifyListener:atValue:block: documents
     // when a listener runs only for a value not yet reached.
-    if (timing) {
+    if (timing_) {
       notifyCompletion(value, /*record_time=*/true);
     }
-    backend_->encodeSignal(stream, handle_, value);
+    backend_->encode(stream, handle_, value, /*wait=*/false);
     {
       MutexLock lock(mu_);
       if (value > recorded_.value) {
@@ -83,7 +83,7 @@ class StreamEvent {
     if (p.stream != &stream) {
       backend_->commit(*p.stream);
     }
-    backend_->encodeWait(stream, handle_, p.value);
+    backend_->encode(stream, handle_, p.value, /*wait=*/true);
     if (commit) {
       backend_->commit(stream);
     }
@@ -113,7 +113,7 @@ class StreamEvent {
 
   double elapsedMsSince(StreamEvent& start) {
     TORCH_CHECK(
-        start.timingEnabled() && timingEnabled(),
+        start.timing_ && timing_,
         "Events were not created with argument 'enable_timing=True'");
     start.synchronize();
     synchronize();
@@ -135,15 +135,10 @@ class StreamEvent {
   // Makes the event look new to its next owner; the Metal value stays.
   void resetForReuse(uint64_t id, bool enable_timing) MPS_EXCLUDES(mu_) {
     id_ = id;
+    timing_ = enable_timing;
     MutexLock lock(mu_);
     recorded_ = {};
-    timing_ = enable_timing;
     state_ = std::make_shared<Completion>();
-  }
-
-  bool timingEnabled() const MPS_EXCLUDES(mu_) {
-    MutexLock lock(mu_);
-    return timing_;
   }
 
   // Completion time of the last recorded value (0 if never), which
@@ -224,12 +219,12 @@ class StreamEvent {
   Backend* const backend_;
   // Written only by resetForReuse(), while the pool owns the event alone.
   uint64_t id_;
+  bool timing_;
   const Handle handle_;
 
   mutable Mutex mu_;
   uint64_t counter_ MPS_GUARDED_BY(mu_) = 0;
   Recorded recorded_ MPS_GUARDED_BY(mu_);
-  bool timing_ MPS_GUARDED_BY(mu_);
   std::shared_ptr<Completion> state_ MPS_GUARDED_BY(mu_);
 };
 
@@ -271,12 +266,10 @@ class StreamEventPool {
   }
 
   void release(uint64_t id) MPS_EXCLUDES(mu_) {
-    std::shared_ptr<Event> event; // dropped after unlocking
+    typename decltype(in_use_)::node_type event; // dropped after unlocking
     MutexLock lock(mu_);
-    auto it = in_use_.find(id);
-    TORCH_CHECK(it != in_use_.end(), "Invalid MPS event id: event_id=", id);
-    event = std::move(it->second);
-    in_use_.erase(it);
+    event = in_use_.extract(id);
+    TORCH_CHECK(!event.empty(), "Invalid MPS event id: event_id=", id);
   }
 
   std::shared_ptr<Event> get(uint64_t id) const MPS_EXCLUDES(mu_) {
