@@ -21,7 +21,7 @@ namespace harness {
 
 struct Tensor {
   sim::BufferPtr buf;
-  at::mps::BufferUses uses;
+  at::mps::BufferUses uses{0, nullptr}; // no table (ids start at 1)
 };
 
 // Bounds every wait of a dependency test; it fires only on a hang.

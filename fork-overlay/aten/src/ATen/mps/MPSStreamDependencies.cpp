@@ -92,12 +92,13 @@ void DependencyTracker::use(
 }
 
 void DependencyTracker::useInPassSlow(
+    std::atomic<BufferUses*>& entry,
     DependencyStream& consumer,
     BufferUseTable& table,
     const void* key,
     Access access) {
   const Use one{&table.get(key), access};
-  hookEntry(consumer, key).store(one.buffer, std::memory_order_release);
+  entry.store(one.buffer, std::memory_order_release);
   use(consumer, &one, 1, UseSite::kInPass);
 }
 
@@ -139,7 +140,6 @@ DependencyTracker::FastPath DependencyTracker::tryFastPath(
   return FastPath::kRecorded;
 }
 
-// Called by use() with `buffer`'s lock held.
 void DependencyTracker::record(
     StreamIndex me,
     uint64_t point,

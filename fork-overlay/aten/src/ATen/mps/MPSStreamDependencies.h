@@ -73,7 +73,6 @@ enum class UseSite : uint8_t { kBeforeEncoding, kInPass };
 
 class TORCH_API BufferUses {
  public:
-  BufferUses() = default;
   BufferUses(uint64_t table, const void* key) : table_(table), key_(key) {}
 
  private:
@@ -245,8 +244,10 @@ class TORCH_API DependencyTracker {
       BufferUseTable& table,
       const void* key,
       Access access) {
-    const BufferUses* uses =
-        hookEntry(consumer, key).load(std::memory_order_acquire);
+    std::atomic<BufferUses*>& entry =
+        consumer
+            .hook_cache_[detail::hashBufferKey(key) % detail::kTableCacheSize];
+    const BufferUses* uses = entry.load(std::memory_order_acquire);
     if (C10_LIKELY(
             uses != nullptr &&
             detail::sameTableAndKey(
@@ -262,19 +263,14 @@ class TORCH_API DependencyTracker {
         return;
       }
     }
-    useInPassSlow(consumer, table, key, access);
+    useInPassSlow(entry, consumer, table, key, access);
   }
 
  private:
   // Per producer stream, the latest mark to wait for; 0: none.
   using Needs = std::array<uint64_t, kStreamsPerPool>;
-  static std::atomic<BufferUses*>& hookEntry(
-      DependencyStream& consumer,
-      const void* key) {
-    return consumer
-        .hook_cache_[detail::hashBufferKey(key) % consumer.hook_cache_.size()];
-  }
   C10_NOINLINE void useInPassSlow(
+      std::atomic<BufferUses*>& entry,
       DependencyStream& consumer,
       BufferUseTable& table,
       const void* key,
