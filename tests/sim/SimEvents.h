@@ -51,7 +51,7 @@ class SimEventBackend {
   void notify(const Handle& h, uint64_t value, std::function<void()> fn) {
     h->notifyListener(value, [fn = std::move(fn)](uint64_t) { fn(); });
   }
-  uint64_t nowNs() {
+  static uint64_t nowNs() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
         .count();

@@ -140,7 +140,7 @@ TEST_F(EventCoreTest, ElapsedTimeCoversTheWorkBetweenRecords) {
   auto buf = device().newBuffer(1);
   start->record(stream(0), true);
   start->synchronize();
-  ASSERT_GT(start->completionTimeNs(std::chrono::seconds(10)), 0u);
+  ASSERT_GT(start->completionTimeNs(), 0u);
   stream(0).encodeKernel(
       {{{buf, sim::Access::kWrite}},
        [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }},

@@ -30,8 +30,8 @@ namespace at::mps {
 //
 // Backend provides (each encode/commit enters the stream's serial section):
 //   using Stream; using Handle;  (the shared event, owned by the event)
-//   Handle makeEvent(); void releaseEvent(const Handle&); uint64_t nowNs();
-//   uint64_t signaledValue(const Handle&);
+//   Handle makeEvent(); void releaseEvent(const Handle&);
+//   uint64_t signaledValue(const Handle&); static uint64_t nowNs();
 //   void encode(Stream&, const Handle&, uint64_t value, bool wait);
 //   void commit(Stream&);  (synchronize(COMMIT))
 //   void notify(const Handle&, uint64_t value, std::function<void()>);
@@ -43,9 +43,9 @@ class StreamEvent {
 
   StreamEvent(Backend* backend, uint64_t id, bool enable_timing)
       : backend_(backend),
+        handle_(backend->makeEvent()),
         id_(id),
         timing_(enable_timing),
-        handle_(backend->makeEvent()),
         state_(std::make_shared<Completion>()) {}
 
   ~StreamEvent() {
@@ -105,8 +105,7 @@ class StreamEvent {
     notifyCompletion(p.value, /*record_time=*/false);
     // Whether Metal notifies a listener registered after the value was
     // reached is not documented, so the value is polled as well.
-    std::shared_ptr<Completion> state = completion();
-    while (!state->waitFor(p.value, std::chrono::milliseconds(2)) &&
+    while (!state_->waitFor(p.value, std::chrono::milliseconds(2)) &&
            backend_->signaledValue(handle_) < p.value) {
     }
   }
@@ -136,18 +135,16 @@ class StreamEvent {
   void resetForReuse(uint64_t id, bool enable_timing) MPS_EXCLUDES(mu_) {
     id_ = id;
     timing_ = enable_timing;
+    state_ = std::make_shared<Completion>();
     MutexLock lock(mu_);
     recorded_ = {};
-    state_ = std::make_shared<Completion>();
   }
 
   // Completion time of the last recorded value (0 if never), which
-  // synchronize() saw reached; waits up to `timeout` for its notification.
-  uint64_t completionTimeNs(
-      std::chrono::nanoseconds timeout = std::chrono::seconds(10)) const
-      MPS_EXCLUDES(mu_) {
+  // synchronize() saw reached; waits for its notification.
+  uint64_t completionTimeNs() const MPS_EXCLUDES(mu_) {
     const uint64_t value = recorded().value;
-    return value == 0 ? 0 : completion()->waitForTimeOf(value, timeout);
+    return value == 0 ? 0 : state_->waitForTimeOf(value);
   }
 
  private:
@@ -186,10 +183,10 @@ class StreamEvent {
       return cv_.waitFor(
           mu_, timeout, [&]() MPS_REQUIRES(mu_) { return reached_ >= value; });
     }
-    // 0 if no time for `value` came within `timeout`.
-    uint64_t waitForTimeOf(uint64_t value, std::chrono::nanoseconds timeout)
-        MPS_EXCLUDES(mu_) {
+    // 0 if no time for `value` came within 10 s.
+    uint64_t waitForTimeOf(uint64_t value) MPS_EXCLUDES(mu_) {
       MutexLock lock(mu_);
+      const auto timeout = std::chrono::seconds(10);
       const bool arrived = cv_.waitFor(mu_, timeout, [&]() MPS_REQUIRES(mu_) {
         return times_.count(value) != 0;
       });
@@ -203,29 +200,22 @@ class StreamEvent {
     std::map<uint64_t, uint64_t> times_ MPS_GUARDED_BY(mu_);
   };
 
-  std::shared_ptr<Completion> completion() const MPS_EXCLUDES(mu_) {
-    MutexLock lock(mu_);
-    return state_;
-  }
-
   void notifyCompletion(uint64_t value, bool record_time) MPS_EXCLUDES(mu_) {
-    std::shared_ptr<Completion> state = completion();
-    Backend* backend = backend_;
-    backend_->notify(handle_, value, [state, value, record_time, backend]() {
-      state->reached(value, record_time ? backend->nowNs() : 0);
+    backend_->notify(handle_, value, [state = state_, value, record_time]() {
+      state->reached(value, record_time ? Backend::nowNs() : 0);
     });
   }
 
   Backend* const backend_;
+  const Handle handle_;
   // Written only by resetForReuse(), while the pool owns the event alone.
   uint64_t id_;
   bool timing_;
-  const Handle handle_;
+  std::shared_ptr<Completion> state_;
 
   mutable Mutex mu_;
   uint64_t counter_ MPS_GUARDED_BY(mu_) = 0;
   Recorded recorded_ MPS_GUARDED_BY(mu_);
-  std::shared_ptr<Completion> state_ MPS_GUARDED_BY(mu_);
 };
 
 // Note [MPS event pool]
