@@ -1,6 +1,7 @@
 #include <ATen/mps/MPSStreamDependencies.h>
 
 #include <c10/util/Exception.h>
+#include <c10/util/ScopeExit.h>
 
 #include <algorithm>
 #include <vector>
@@ -228,12 +229,8 @@ void DependencyTracker::resolve(
     }
     // Published while blocked, for waitsForItself().
     waiting_on_[me].store(pack(s, needs[s]), std::memory_order_seq_cst);
-    struct Unpublish {
-      std::atomic<uint64_t>& word;
-      ~Unpublish() {
-        word.store(0, std::memory_order_seq_cst);
-      }
-    } unpublish{waiting_on_[me]};
+    const auto unpublish = c10::make_scope_exit(
+        [&] { waiting_on_[me].store(0, std::memory_order_seq_cst); });
     TORCH_CHECK(
         !waitsForItself(me, s, needs[s]),
         "MPS stream ",
