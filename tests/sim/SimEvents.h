@@ -8,6 +8,7 @@
 #include <ATen/mps/MPSEventCore.h>
 
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <vector>
 
