@@ -43,10 +43,6 @@ BufferUses& BufferUseTable::getSlow(const void* key) {
   return *slot;
 }
 
-void DependencyTracker::registerStream(DependencyStream& stream) {
-  streams_.at(stream.index()).store(&stream, std::memory_order_release);
-}
-
 // Escape hatch: the number of locks depends on the op, which the analysis
 // cannot express.
 void DependencyTracker::use(

@@ -105,8 +105,7 @@ class TORCH_API BufferUses {
 };
 
 namespace detail {
-// Per-thread direct-mapped cache of BufferUseTable lookups, tagged with the
-// table id (tests make many tables); constant-initialized: a plain TLS read.
+// Per-thread BufferUseTable lookups, tagged by table (tests make many).
 struct TableCacheEntry {
   uint64_t table;
   const void* key;
@@ -125,7 +124,7 @@ inline bool sameTableAndKey(
 }
 constexpr size_t kTableCacheSize = 64;
 inline thread_local std::array<TableCacheEntry, kTableCacheSize>
-    tls_table_cache{};
+    tls_table_cache{}; // constant-initialized: a plain TLS read
 inline size_t hashBufferKey(const void* key) {
   const auto k = reinterpret_cast<uintptr_t>(key);
   return static_cast<size_t>((k >> 4) ^ (k >> 12));
@@ -220,7 +219,9 @@ class TORCH_API BufferUseTable {
 class TORCH_API DependencyTracker {
  public:
   // Registers the stream of a pool slot (once, when it is created).
-  void registerStream(DependencyStream& stream);
+  void registerStream(DependencyStream& stream) {
+    streams_.at(stream.index()).store(&stream, std::memory_order_release);
+  }
 
   struct Use {
     BufferUses* buffer;
