@@ -151,8 +151,55 @@ void* CachingAllocatorCore::malloc(int pool, size_t size, StreamIndex stream) {
   const bool pressure =
       p.options.pressure_aware && overLowWatermark().has_value();
   Block* b = findCached(p, size, stream, pressure);
+  // On a miss: commit hints, GC and device allocation, then the OOM ladder
+  // (callbacks and cache, this pool's cached blocks, all cached blocks after
+  // their streams).
   if (!b) {
-    b = allocateBlock(p, size, stream, pressure);
+    if (p.pending_streams.load()) {
+      StreamPoints wanted{};
+      lastFences(p, wanted);
+      for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+        if (wanted[s] > completed_[s].load() &&
+            fetchMax(commit_requested_[s], wanted[s]) < wanted[s]) {
+          timelines_.requestCommit(s);
+        }
+      }
+    }
+    if (pressure) {
+      if (const auto over = overLowWatermark()) {
+        releaseCompleted(p, *over, /*oldest_first=*/true);
+      }
+    }
+    b = allocateFromDevice(p, size, pressure);
+  }
+  if (!b) {
+    backend_.onAllocationFailed();
+    b = findCached(p, size, stream, /*pressure=*/false);
+  }
+  if (!b) {
+    releaseCompleted(p, size);
+    b = allocateFromDevice(p, size, pressure);
+  }
+  if (!b) {
+    emptyCache();
+    b = allocateFromDevice(p, size, pressure);
+  }
+  if (!b) {
+    const AllocatorStats s = stats();
+    TORCH_CHECK(
+        false,
+        "MPS backend out of memory (MPS allocated: ",
+        c10::CachingAllocator::format_size(s.reserved_bytes),
+        ", in use: ",
+        c10::CachingAllocator::format_size(s.allocated_bytes),
+        ", waiting for other streams: ",
+        c10::CachingAllocator::format_size(s.pending_bytes),
+        "). Tried to allocate ",
+        c10::CachingAllocator::format_size(size),
+        " on the ",
+        p.options.name,
+        " pool.",
+        backend_.outOfMemoryHint());
   }
   b->stream = stream;
   b->uses = bit(stream);
@@ -402,80 +449,23 @@ CachingAllocatorCore::Block* CachingAllocatorCore::allocateFromDevice(
     Pool& p,
     size_t size,
     bool pressure) {
-  auto b = std::make_unique<Block>();
-  {
+  void* const buffer = [&] {
     MutexLock lock(p.mu);
-    b->buffer = backend_.allocate(p.index, size, pressure);
-  }
-  if (!b->buffer) {
+    return backend_.allocate(p.index, size, pressure);
+  }();
+  if (!buffer) {
     return nullptr;
   }
-  b->size = size;
-  b->pool = p.index;
-  b->id = next_block_id_.fetch_add(1) + 1;
-  b->node = BlockSet{b.get()}.extract(b.get());
+  auto* b = new Block{buffer, size, p.index, next_block_id_.fetch_add(1) + 1};
+  b->node = BlockSet{b}.extract(b);
   const auto bytes = static_cast<int64_t>(size);
   reserved_bytes_.fetch_add(bytes);
   other_allocated_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   const void* key = backend_.key(b->buffer);
   Shard& shard = shardFor(key);
   MutexLock lock(shard.mu);
-  shard.blocks.emplace(key, b.get());
-  return b.release();
-}
-
-// Commit hints, GC, device allocation, then the OOM ladder (callbacks and
-// cache, this pool's cached blocks, all cached blocks after their streams).
-CachingAllocatorCore::Block* CachingAllocatorCore::allocateBlock(
-    Pool& p,
-    size_t size,
-    StreamIndex stream,
-    bool pressure) {
-  if (p.pending_streams.load()) {
-    StreamPoints wanted{};
-    lastFences(p, wanted);
-    for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
-      if (wanted[s] > completed_[s].load() &&
-          fetchMax(commit_requested_[s], wanted[s]) < wanted[s]) {
-        timelines_.requestCommit(s);
-      }
-    }
-  }
-  if (pressure) {
-    if (const auto over = overLowWatermark()) {
-      releaseCompleted(p, *over, /*oldest_first=*/true);
-    }
-  }
-  if (Block* b = allocateFromDevice(p, size, pressure)) {
-    return b;
-  }
-  backend_.onAllocationFailed();
-  if (Block* b = findCached(p, size, stream, /*pressure=*/false)) {
-    return b;
-  }
-  releaseCompleted(p, size);
-  if (Block* b = allocateFromDevice(p, size, pressure)) {
-    return b;
-  }
-  emptyCache();
-  if (Block* b = allocateFromDevice(p, size, pressure)) {
-    return b;
-  }
-  const AllocatorStats s = stats();
-  TORCH_CHECK(
-      false,
-      "MPS backend out of memory (MPS allocated: ",
-      c10::CachingAllocator::format_size(s.reserved_bytes),
-      ", in use: ",
-      c10::CachingAllocator::format_size(s.allocated_bytes),
-      ", waiting for other streams: ",
-      c10::CachingAllocator::format_size(s.pending_bytes),
-      "). Tried to allocate ",
-      c10::CachingAllocator::format_size(size),
-      " on the ",
-      p.options.name,
-      " pool.",
-      backend_.outOfMemoryHint());
+  shard.blocks.emplace(key, b);
+  return b;
 }
 
 // Releases done cached blocks of `p`, at least `target` bytes if there are

@@ -179,7 +179,7 @@ class CachingAllocatorCore {
     int outstanding = 0; // pending: fences not yet completed
     // The block's BlockSet node, made with it and moved into and out of sets
     // so that caching allocates nothing; empty while in a set.
-    BlockSet::node_type node;
+    BlockSet::node_type node{};
   };
 
   CachingAllocatorCore(
@@ -257,7 +257,6 @@ class CachingAllocatorCore {
   bool resolveLocked(Pool& p, StreamIndex s, uint64_t done) MPS_REQUIRES(p.mu);
   bool resolvePool(Pool& p);
   Block* allocateFromDevice(Pool& p, size_t size, bool pressure);
-  Block* allocateBlock(Pool& p, size_t size, StreamIndex stream, bool pressure);
   void releaseCompleted(Pool& p, size_t target, bool oldest_first = false);
   void releaseBlocks(Pool& p, const std::vector<Block*>& victims);
 
