@@ -165,10 +165,8 @@ void* CachingAllocatorCore::malloc(int pool, size_t size, StreamIndex stream) {
         }
       }
     }
-    if (pressure) {
-      if (const auto over = overLowWatermark()) {
-        releaseCompleted(p, *over, /*oldest_first=*/true);
-      }
+    if (const auto over = pressure ? overLowWatermark() : std::nullopt) {
+      releaseCompleted(p, *over, /*oldest_first=*/true);
     }
     b = allocateFromDevice(p, size, pressure);
   }
@@ -219,11 +217,10 @@ void CachingAllocatorCore::free(const void* key) {
   const StreamIndex stream = b->stream;
   const StreamMask uses = b->uses;
   Pool& p = *pools_[b->pool];
-  const size_t size = b->size;
+  const auto size = static_cast<int64_t>(b->size);
   const int64_t now = p.options.pressure_aware
       ? std::chrono::steady_clock::now().time_since_epoch().count()
       : 0;
-
   if (uses == bit(stream) && p.options.same_stream_reuse) {
     const uint64_t fence = timelines_.pendingPoint(stream);
     StreamCache& cache = p.caches[stream];
@@ -231,7 +228,7 @@ void CachingAllocatorCore::free(const void* key) {
     b->fence = fence;
     b->cached_at = now;
     cache.blocks.insert(std::move(b->node));
-    cache.allocated_bytes -= static_cast<int64_t>(size);
+    cache.allocated_bytes -= size;
     // This stream's bit changes only under its cache lock, held here.
     if (!(p.cached_streams.load(std::memory_order_relaxed) & bit(stream))) {
       p.cached_streams.fetch_or(bit(stream));
@@ -243,8 +240,7 @@ void CachingAllocatorCore::free(const void* key) {
   for (StreamIndex s : StreamsIn{uses}) {
     points[s] = timelines_.pendingPoint(s);
   }
-  other_allocated_bytes_.fetch_sub(
-      static_cast<int64_t>(size), std::memory_order_relaxed);
+  other_allocated_bytes_.fetch_sub(size, std::memory_order_relaxed);
   {
     MutexLock lock(p.mu);
     b->cached_at = now;
@@ -253,7 +249,7 @@ void CachingAllocatorCore::free(const void* key) {
       p.fences[s].emplace(points[s], b);
     }
     p.pending_streams.fetch_or(uses);
-    pending_bytes_.fetch_add(static_cast<int64_t>(size));
+    pending_bytes_.fetch_add(size);
   }
   // `b` may already be resolved and reused; use only the fences below. One
   // completion handler per stream covers all fences up to its value, so only
