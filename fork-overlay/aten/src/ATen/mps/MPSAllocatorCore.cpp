@@ -77,7 +77,8 @@ T fetchMax(std::atomic<T>& a, T v) {
 // Extracts the first `usable` fit for `size`, at most `max_oversize` larger.
 template <typename Set, typename Usable>
 Block* takeFit(Set& set, size_t size, size_t max_oversize, Usable&& usable) {
-  for (auto it = set.lower_bound(size); it != set.end(); ++it) {
+  Block key{nullptr, size}; // id 0: before every block of its size
+  for (auto it = set.lower_bound(&key); it != set.end(); ++it) {
     Block* b = *it;
     if (b->size - size > max_oversize) {
       return nullptr; // sorted: every later block is larger still
@@ -303,12 +304,6 @@ void CachingAllocatorCore::emptyCache() {
   }
 }
 
-void CachingAllocatorCore::resolvePending() {
-  for (auto& p : pools_) {
-    resolvePool(*p);
-  }
-}
-
 AllocatorStats CachingAllocatorCore::stats() const {
   AllocatorStats s;
   s.reserved_bytes = reserved_bytes_.load();
@@ -321,13 +316,6 @@ AllocatorStats CachingAllocatorCore::stats() const {
     }
   }
   return s;
-}
-
-CachingAllocatorCore::Shard& CachingAllocatorCore::shardFor(const void* key) {
-  auto h = reinterpret_cast<uintptr_t>(key);
-  h ^= h >> 17;
-  h *= 0x9E3779B97F4A7C15ull;
-  return shards_[(h >> 32) % kShards];
 }
 
 // How far the device is past the low watermark; none below it or if unset.

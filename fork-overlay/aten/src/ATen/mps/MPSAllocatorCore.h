@@ -144,12 +144,8 @@ class CachingAllocatorCore {
 
   // Best fit, ties by id; Block is complete in bodies compiled with the class.
   struct BySize {
-    using is_transparent = void; // lower_bound(size)
     bool operator()(const Block* a, const Block* b) const {
       return a->size != b->size ? a->size < b->size : a->id < b->id;
-    }
-    bool operator()(const Block* a, size_t size) const {
-      return a->size < size;
     }
   };
   using BlockSet = std::set<Block*, BySize>;
@@ -196,7 +192,11 @@ class CachingAllocatorCore {
   // Waits for cached blocks' fences and releases them; later frees may stay.
   void emptyCache();
   // Moves pending blocks whose fences have completed to their pools' free sets.
-  void resolvePending();
+  void resolvePending() {
+    for (auto& p : pools_) {
+      resolvePool(*p);
+    }
+  }
   // Pressure starts at this many device bytes (see pressure_aware); 0: never.
   void setLowWatermark(size_t bytes) {
     low_watermark_.store(bytes);
@@ -240,7 +240,12 @@ class CachingAllocatorCore {
 
   using StreamPoints = std::array<uint64_t, kStreamsPerPool>;
 
-  Shard& shardFor(const void* key);
+  Shard& shardFor(const void* key) {
+    auto h = reinterpret_cast<uintptr_t>(key);
+    h ^= h >> 17;
+    h *= 0x9E3779B97F4A7C15ull;
+    return shards_[(h >> 32) % kShards];
+  }
   std::optional<size_t> overLowWatermark() const;
   uint64_t refreshCompleted(StreamIndex s);
   Block* findCached(Pool& p, size_t size, StreamIndex stream, bool pressure);
