@@ -263,13 +263,13 @@ void CachingAllocatorCore::free(const void* key) {
         for (auto& pool : pools_) {
           if (pool->pending_streams.load() & bit(s)) {
             MutexLock lock(pool->mu);
-            resolveLocked(*pool, s, completed_[s].load());
+            resolveLocked(*pool, s);
           }
         }
       });
-    } else if (const uint64_t done = completed_[s].load(); value <= done) {
+    } else if (value <= completed_[s].load()) {
       MutexLock lock(p.mu);
-      resolveLocked(p, s, done);
+      resolveLocked(p, s);
     }
   }
 }
@@ -360,12 +360,10 @@ CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
     const uint64_t done = refreshCompleted(s);
     StreamCache& cache = p.caches[s];
     CacheLockGuard lock(cache.mu);
+    const auto ready = [done](const Block* c) { return c->fence <= done; };
     if (cache.blocks.empty()) {
       p.cached_streams.fetch_and(~bit(s));
-      continue;
-    }
-    const auto ready = [done](const Block* c) { return c->fence <= done; };
-    if ((b = takeFit(cache.blocks, size, max_oversize, ready))) {
+    } else if ((b = takeFit(cache.blocks, size, max_oversize, ready))) {
       break;
     }
   }
@@ -379,22 +377,17 @@ CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
 // Raises points[s] to the last fence value of `p` on each stream s.
 void CachingAllocatorCore::lastFences(Pool& p, StreamPoints& points) {
   MutexLock lock(p.mu);
-  for (StreamIndex s : StreamsIn{p.pending_streams.load()}) {
-    if (!p.fences[s].empty()) {
-      points[s] = std::max(points[s], p.fences[s].rbegin()->first);
-    }
+  for (StreamIndex s : StreamsIn{p.pending_streams.load()}) { // exact here
+    points[s] = std::max(points[s], p.fences[s].rbegin()->first);
   }
 }
 
-// Pops the fences of stream `s` that `done` covers; a block whose last
-// fence goes becomes free. Returns whether any block did.
-bool CachingAllocatorCore::resolveLocked(
-    Pool& p,
-    StreamIndex s,
-    uint64_t done) {
+// Pops the fences of stream `s` that completed_[s] covers; a block whose
+// last fence goes becomes free. Returns whether any block did.
+bool CachingAllocatorCore::resolveLocked(Pool& p, StreamIndex s) {
   auto& fences = p.fences[s];
   bool freed = false;
-  const auto end = fences.upper_bound(done);
+  const auto end = fences.upper_bound(completed_[s].load());
   for (auto it = fences.begin(); it != end; ++it) {
     Block* b = it->second;
     if (--b->outstanding == 0) {
@@ -422,7 +415,7 @@ bool CachingAllocatorCore::resolvePool(Pool& p) {
   MutexLock lock(p.mu);
   bool freed = false;
   for (StreamIndex s : StreamsIn{mask}) {
-    freed |= resolveLocked(p, s, completed_[s].load());
+    freed |= resolveLocked(p, s);
   }
   return freed;
 }

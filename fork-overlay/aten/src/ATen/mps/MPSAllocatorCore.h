@@ -250,7 +250,7 @@ class CachingAllocatorCore {
   uint64_t refreshCompleted(StreamIndex s);
   Block* findCached(Pool& p, size_t size, StreamIndex stream, bool pressure);
   void lastFences(Pool& p, StreamPoints& points);
-  bool resolveLocked(Pool& p, StreamIndex s, uint64_t done) MPS_REQUIRES(p.mu);
+  bool resolveLocked(Pool& p, StreamIndex s) MPS_REQUIRES(p.mu);
   bool resolvePool(Pool& p);
   Block* allocateFromDevice(Pool& p, size_t size, bool pressure);
   void releaseCompleted(Pool& p, size_t target, bool oldest_first = false);
