@@ -318,13 +318,6 @@ AllocatorStats CachingAllocatorCore::stats() const {
   return s;
 }
 
-// How far the device is past the low watermark; none below it or if unset.
-std::optional<size_t> CachingAllocatorCore::overLowWatermark() const {
-  const size_t low = low_watermark_.load(std::memory_order_relaxed);
-  const size_t used = low ? backend_.deviceAllocatedSize() : 0;
-  return low && used >= low ? std::optional<size_t>(used - low) : std::nullopt;
-}
-
 // The stream's completed point, read now; also raises the cached value.
 uint64_t CachingAllocatorCore::refreshCompleted(StreamIndex s) {
   const uint64_t done = timelines_.completedPoint(s);

@@ -246,7 +246,12 @@ class CachingAllocatorCore {
     h *= 0x9E3779B97F4A7C15ull;
     return shards_[(h >> 32) % kShards];
   }
-  std::optional<size_t> overLowWatermark() const;
+  // How far the device is past the low watermark; none below it or if unset.
+  std::optional<size_t> overLowWatermark() const {
+    const size_t low = low_watermark_.load(std::memory_order_relaxed);
+    const size_t used = low ? backend_.deviceAllocatedSize() : 0;
+    return low && used >= low ? std::optional(used - low) : std::nullopt;
+  }
   uint64_t refreshCompleted(StreamIndex s);
   Block* findCached(Pool& p, size_t size, StreamIndex stream, bool pressure);
   void lastFences(Pool& p, StreamPoints& points);
