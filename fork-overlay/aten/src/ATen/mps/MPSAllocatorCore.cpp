@@ -151,9 +151,8 @@ void* CachingAllocatorCore::malloc(int pool, size_t size, StreamIndex stream) {
   const bool pressure =
       p.options.pressure_aware && overLowWatermark().has_value();
   Block* b = findCached(p, size, stream, pressure);
-  // On a miss: commit hints, GC and device allocation, then the OOM ladder
-  // (callbacks and cache, this pool's cached blocks, all cached blocks after
-  // their streams).
+  // A miss: commit hints, GC, device memory; then on OOM: callbacks and the
+  // caches again, this pool's cached blocks, every pool's after their streams.
   if (!b) {
     if (p.pending_streams.load()) {
       StreamPoints wanted{};

@@ -286,10 +286,9 @@ class CachingAllocatorCore::LockedBuffer {
  public:
   LockedBuffer(CachingAllocatorCore& core, const void* key)
       : shard_(core.shardFor(key)), lock_(shard_.mu) {
-    auto it = shard_.blocks.find(key);
-    buffer_ = it == shard_.blocks.end()
-        ? nullptr
-        : static_cast<Buffer*>(it->second->buffer);
+    const auto it = shard_.blocks.find(key);
+    buffer_ = static_cast<Buffer*>(
+        it == shard_.blocks.end() ? nullptr : it->second->buffer);
   }
   operator Buffer*() const {
     return buffer_;
