@@ -491,16 +491,12 @@ void CachingAllocatorCore::releaseBlocks(
     MutexLock lock(shard.mu);
     shard.blocks.erase(key);
   }
-  int64_t bytes = 0;
-  {
-    MutexLock lock(p.mu);
-    for (Block* b : victims) {
-      backend_.release(p.index, b->buffer);
-      bytes += static_cast<int64_t>(b->size);
-      delete b;
-    }
+  MutexLock lock(p.mu);
+  for (Block* b : victims) {
+    backend_.release(p.index, b->buffer);
+    reserved_bytes_.fetch_sub(static_cast<int64_t>(b->size));
+    delete b;
   }
-  reserved_bytes_.fetch_sub(bytes);
 }
 
 } // namespace at::mps
