@@ -366,10 +366,11 @@ CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
   return b;
 }
 
-// Raises points[s] to the last fence value of `p` on each stream s.
+// Raises points[s] to the last fence value of `p` on each stream s with
+// fences (pending_streams: exact under p.mu).
 void CachingAllocatorCore::lastFences(Pool& p, StreamPoints& points) {
   MutexLock lock(p.mu);
-  for (StreamIndex s : StreamsIn{p.pending_streams.load()}) { // exact here
+  for (StreamIndex s : StreamsIn{p.pending_streams.load()}) {
     points[s] = std::max(points[s], p.fences[s].rbegin()->first);
   }
 }
