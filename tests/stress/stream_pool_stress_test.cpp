@@ -262,7 +262,7 @@ TEST_F(ExhaustionStressTest, ThrowModeFailsExactlyTheThreadsBeyondThePool) {
   EXPECT_GE(o.ok, kWorkerStreams);
   EXPECT_EQ(o.ok + o.errors, kThreads);
   EXPECT_GT(o.errors, 0);
-  EXPECT_THAT(o.first_error, ::testing::HasSubstr("=0 asks for an error"));
+  EXPECT_THAT(o.first_error, ::testing::HasSubstr("=0 ms"));
 }
 
 TEST_F(ExhaustionStressTest, WaitModeServesEveryThreadEventually) {

@@ -1,7 +1,7 @@
 #include <ATen/mps/MPSStreamPool.h>
 
 #include <algorithm>
-#include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -56,15 +56,12 @@ ExhaustionConfig parseExhaustionConfig(const char* value) {
   if (value == nullptr || *value == '\0') {
     return {};
   }
-  // strtoll alone would also take leading spaces and '+'.
-  const char first = value[*value == '-' ? 1 : 0];
-  char* end = nullptr;
-  errno = 0;
-  const long long parsed =
-      first >= '0' && first <= '9' ? std::strtoll(value, &end, 10) : 0;
+  // Unlike strtol, from_chars takes no spaces or '+', and fails on overflow.
+  int32_t parsed = 0;
+  const char* end = value + std::strlen(value);
+  const auto [ptr, ec] = std::from_chars(value, end, parsed);
   TORCH_CHECK(
-      end != nullptr && *end == '\0' && errno == 0 && parsed >= -1 &&
-          parsed <= std::numeric_limits<int32_t>::max(),
+      ec == std::errc() && ptr == end && parsed >= -1,
       kWaitTimeoutEnvVar,
       "='",
       value,
@@ -231,14 +228,6 @@ StreamSlotPool::~StreamSlotPool() {
   reg.pools.erase(id_);
 }
 
-void StreamSlotPool::failForked() {
-  TORCH_CHECK(
-      false,
-      "MPS cannot be used in a child process created by fork() after the "
-      "MPS stream pool was initialized in the parent. Use the 'spawn' or "
-      "'forkserver' multiprocessing start method.");
-}
-
 // Note [MPS stream queries]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A stream guard (c10's InlineStreamGuard: getStream, then exchangeStream)
@@ -277,38 +266,26 @@ StreamIndex StreamSlotPool::acquireWorkerSlot(const ExhaustionConfig& cfg) {
   MutexLock lock(mu_);
   const auto has_free = [this]()
                             MPS_REQUIRES(mu_) { return !free_slots_.empty(); };
-  if (!has_free()) {
-    switch (cfg.policy) {
-      case ExhaustionPolicy::kShare:
-        return -1;
-      case ExhaustionPolicy::kThrow:
-        TORCH_CHECK(
-            false,
-            "MPS stream pool exhausted: all ",
-            kWorkerStreams,
-            " worker streams are leased by other threads and ",
-            kWaitTimeoutEnvVar,
-            "=0 asks for an error. Call "
-            "torch.mps.release_current_thread_slot() in threads that are "
-            "done with MPS, unset ",
-            kWaitTimeoutEnvVar,
-            " to share streams, or set it to -1 or a timeout in ms to wait.");
-      case ExhaustionPolicy::kWait:
-        slot_freed_.wait(mu_, has_free);
-        break;
-      case ExhaustionPolicy::kWaitTimeout:
-        TORCH_CHECK(
-            slot_freed_.waitFor(mu_, cfg.timeout, has_free),
-            "MPS stream pool exhausted: no worker stream was released within ",
-            kWaitTimeoutEnvVar,
-            "=",
-            cfg.timeout.count(),
-            " ms (all ",
-            kWorkerStreams,
-            " are leased by other threads).");
-        break;
-    }
+  if (cfg.policy == ExhaustionPolicy::kShare && !has_free()) {
+    return -1;
   }
+  if (cfg.policy == ExhaustionPolicy::kWait) {
+    slot_freed_.wait(mu_, has_free);
+  }
+  TORCH_CHECK(
+      has_free() ||
+          (cfg.policy == ExhaustionPolicy::kWaitTimeout &&
+           slot_freed_.waitFor(mu_, cfg.timeout, has_free)),
+      "MPS stream pool exhausted: all ",
+      kWorkerStreams,
+      " worker streams are leased by other threads, none freed within ",
+      kWaitTimeoutEnvVar,
+      "=",
+      cfg.timeout.count(),
+      " ms. Call torch.mps.release_current_thread_slot() in threads that are "
+      "done with MPS, unset ",
+      kWaitTimeoutEnvVar,
+      " to share streams, or set it to -1 or a longer timeout in ms to wait.");
   const StreamIndex slot = free_slots_.back();
   free_slots_.pop_back();
   return slot;

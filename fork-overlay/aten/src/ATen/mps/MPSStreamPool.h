@@ -213,9 +213,11 @@ class TORCH_API StreamSlotPool {
   // Raises in a child forked after this pool was made. currentIndex()'s fast
   // path needs no check: the fork child handler clears the survivor's cache.
   void checkNotForked() const {
-    if (C10_UNLIKELY(forkedSince(fork_generation_))) {
-      failForked();
-    }
+    TORCH_CHECK(
+        !forkedSince(fork_generation_),
+        "MPS cannot be used in a child process created by fork() after the "
+        "MPS stream pool was initialized in the parent. Use the 'spawn' or "
+        "'forkserver' multiprocessing start method.");
   }
 
  private:
@@ -225,7 +227,6 @@ class TORCH_API StreamSlotPool {
         fork_generation_counter_.load(std::memory_order_relaxed);
   }
   static void onForkChild();
-  [[noreturn]] static void failForked();
   friend struct ThreadBindings;
   friend struct StreamSlotPoolTestPeer;
 
