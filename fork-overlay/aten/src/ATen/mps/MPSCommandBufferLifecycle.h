@@ -98,15 +98,14 @@ class CommandBufferLifecycle {
 
   Buffer commandBuffer() MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
-    dirty_ = pass_has_work_ = true;
-    return openBuffer();
+    return markPassUsed();
   }
 
   Encoder commandEncoder() MPS_EXCLUDES(mu_) {
     MutexLock lock(mu_);
-    dirty_ = pass_has_work_ = true;
+    markPassUsed();
     if (!has_encoder_) {
-      encoder_ = ops_.makeComputeEncoder(openBuffer());
+      encoder_ = ops_.makeComputeEncoder(buffer_);
       has_encoder_ = true;
     }
     return encoder_;
@@ -240,17 +239,14 @@ class CommandBufferLifecycle {
   }
 
  private:
-  Buffer openBuffer() MPS_REQUIRES(mu_) {
+  // Opens the buffer if none is; the open pass now carries work.
+  Buffer markPassUsed() MPS_REQUIRES(mu_) {
     if (!has_buffer_) {
       buffer_ = ops_.makeBuffer(queue_);
       has_buffer_ = true;
     }
-    return buffer_;
-  }
-
-  void markPassUsed() MPS_REQUIRES(mu_) {
-    openBuffer();
     dirty_ = pass_has_work_ = true;
+    return buffer_;
   }
 
   // Ends the open pass: its encoder, and its mark if it carried work.
