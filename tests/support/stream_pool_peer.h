@@ -7,6 +7,9 @@
 namespace at::mps {
 
 struct StreamSlotPoolTestPeer {
+  static uint64_t id(const StreamSlotPool& pool) {
+    return pool.id_;
+  }
   // Worker slots leased now.
   static int leasedSlots(StreamSlotPool& pool) {
     MutexLock lock(pool.mu_);

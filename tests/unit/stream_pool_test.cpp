@@ -282,7 +282,9 @@ TEST(StreamPoolTest, TheMainThreadsGlobalCacheFollowsItsCurrentSlot) {
   }
   PoolUnderTest other(options({}, /*main_thread=*/true));
   EXPECT_EQ(other.pool->currentStream().index, 0);
-  EXPECT_EQ(main_cache.pool_id.load(), other.pool->slots().id());
+  EXPECT_EQ(
+      main_cache.pool_id.load(),
+      StreamSlotPoolTestPeer::id(other.pool->slots()));
   EXPECT_EQ(t.pool->currentStream().index, 0);
   EXPECT_TRUE(agree());
 }

@@ -204,9 +204,8 @@ StreamSlotPool::StreamSlotPool(
     : id_([this] {
         auto& reg = registry();
         MutexLock lock(reg.mu);
-        const uint64_t id = reg.next_id++;
-        reg.pools.emplace(id, this);
-        return id;
+        reg.pools.emplace(reg.next_id, this);
+        return reg.next_id++;
       }()),
       fork_generation_([] {
         static const bool registered =
@@ -312,7 +311,6 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
 // current slot or in a guard opens one nothing closes (a later release is
 // refused). Closing them needs a restore call c10's guards lack today.
 StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
-  checkNotForked();
   checkStreamIndex(index);
   const StreamIndex previous = currentIndex(/*query=*/true);
   ThreadBindings::Binding& b = tls_bindings.find(*this);

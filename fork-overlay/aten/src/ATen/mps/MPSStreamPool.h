@@ -102,13 +102,12 @@ struct StreamPoolOptions {
 
 namespace detail {
 // The cache of Note [MPS current stream]: constant-initialized, a TLS load.
-// StreamSlotPool writes pool_id and current with stream = nullptr, which
-// StreamPool fills in while both still match. A copy in a library that only
-// inlines the readers stays empty: always the checked slow path, correctly.
+// A copy in a library that only inlines the readers stays empty: always the
+// checked slow path, correctly.
 struct SlotCache {
   uint64_t pool_id;
   int current; // StreamIndex; -1: no binding
-  void* stream; // the stream of `current`, once StreamPool looked it up
+  void* stream; // null until StreamSlotPool::cacheStream(), if the rest match
 };
 inline thread_local SlotCache tls_slot_cache = {0, -1, nullptr};
 
@@ -195,10 +194,6 @@ class TORCH_API StreamSlotPool {
 
   StreamIndex exchangeCurrentIndex(StreamIndex index);
 
-  uint64_t id() const {
-    return id_;
-  }
-
   // Round-robin over worker slots; never leases (CUDA's getStreamFromPool).
   StreamIndex nextPoolIndex();
 
@@ -228,6 +223,8 @@ class TORCH_API StreamSlotPool {
   }
   static void onForkChild();
   friend struct ThreadBindings;
+  template <typename StreamT>
+  friend class StreamPool;
   friend struct StreamSlotPoolTestPeer;
 
   StreamIndex currentIndexSlow(bool query);
@@ -285,8 +282,7 @@ class StreamPool {
   StreamT& currentStream(bool query = false) {
     if (detail::ownsMainCache()) {
       const detail::MainCache& m = detail::main_cache;
-      return C10_LIKELY(
-                 m.pool_id.load(std::memory_order_relaxed) == slots_.id())
+      return C10_LIKELY(m.pool_id.load(std::memory_order_relaxed) == slots_.id_)
           ? *static_cast<StreamT*>(m.stream.load(std::memory_order_relaxed))
           : currentStreamSlow(query);
     }
@@ -311,7 +307,7 @@ class StreamPool {
   // inlined it would make the main thread's path save registers around it.
   C10_NOINLINE StreamT& threadCurrentStream(bool query) {
     const detail::SlotCache& cached = detail::tls_slot_cache;
-    return C10_LIKELY(cached.pool_id == slots_.id() && cached.stream)
+    return C10_LIKELY(cached.pool_id == slots_.id_ && cached.stream)
         ? *static_cast<StreamT*>(cached.stream)
         : currentStreamSlow(query);
   }
