@@ -116,8 +116,8 @@ void setSlotCache(const detail::SlotCache& cache) {
   }
 }
 
-// The acquire pairs with the release at the previous owner's exit, ordering
-// that owner's writes to the copy before this claim's and its owner's.
+// The acquire pairs with releaseMainCache() at the previous owner's exit,
+// ordering that owner's writes to the copy before this claim's and its owner's.
 void claimMainCache() {
   uintptr_t none = 0;
   if (detail::kThreadWordKnown &&
@@ -129,7 +129,6 @@ void claimMainCache() {
 
 } // namespace
 
-// The release pairs with the acquire in claimMainCache().
 void detail::releaseMainCache() {
   if (ownsMainCache()) {
     main_cache.owner.store(0, std::memory_order_release);
