@@ -83,7 +83,7 @@ enum class ExhaustionPolicy {
 
 struct ExhaustionConfig {
   ExhaustionPolicy policy = ExhaustionPolicy::kShare;
-  std::chrono::milliseconds timeout{0}; // used by kWaitTimeout only
+  std::chrono::milliseconds timeout{0}; // kWaitTimeout's wait; kThrow: 0
 };
 
 // Parses MPS_STREAM_POOL_WAIT_TIMEOUT_MS (nullptr or "": unset): a decimal
