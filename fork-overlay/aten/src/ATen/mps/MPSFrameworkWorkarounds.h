@@ -32,8 +32,7 @@ class TORCH_API SerializedEncode {
  public:
   explicit SerializedEncode(RacyKernelFamily family);
   ~SerializedEncode();
-  SerializedEncode(const SerializedEncode&) = delete;
-  SerializedEncode& operator=(const SerializedEncode&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(SerializedEncode);
 
  private:
   const int index_;

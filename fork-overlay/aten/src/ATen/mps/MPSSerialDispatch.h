@@ -27,8 +27,7 @@ class TORCH_API SerialSection {
   // `outer`: the chain of the thread that dispatched this block.
   SerialSection(const void* queue, const SerialSection* outer) noexcept;
   ~SerialSection();
-  SerialSection(const SerialSection&) = delete;
-  SerialSection& operator=(const SerialSection&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(SerialSection);
 
   static const SerialSection* innermost() noexcept;
   static bool isActive(const void* queue) noexcept;
