@@ -14,7 +14,7 @@ namespace at::mps {
 // CacheLock, see Note [MPS allocator stream-cache lock]) one stream's cached
 // blocks; Shard::mu a shard of the pointer -> block table and those blocks'
 // owner-visible state (uses, active flag, backend payload).
-// Order: Pool::mu, StreamCache::mu, Shard::mu (MPS_ACQUIRED_BEFORE/AFTER,
+// Order: Pool::mu, StreamCache::mu, Shard::mu (MPS_ACQUIRED_BEFORE,
 // checked by -Wthread-safety-beta). Today no path holds two: a block leaves
 // one lock's container and enters the next's, owned by the mover in between.
 //

@@ -207,7 +207,7 @@ class CachingAllocatorCore {
   friend struct AllocatorCoreTestPeer;
   struct alignas(64) StreamCache {
     // See Note [MPS allocator stream-cache lock].
-    mutable CacheLock mu;
+    mutable CacheLock mu MPS_ACQUIRED_BEFORE(Shard::mu);
     BlockSet blocks MPS_GUARDED_BY(mu);
     // The fast path's count, kept under the lock it holds anyway.
     int64_t allocated_bytes MPS_GUARDED_BY(mu) = 0;
@@ -233,7 +233,7 @@ class CachingAllocatorCore {
 
   static constexpr size_t kShards = 64;
   struct alignas(64) Shard {
-    Mutex mu MPS_ACQUIRED_AFTER(StreamCache::mu);
+    Mutex mu;
     // Every block that holds device memory, by key, handed out or not.
     std::unordered_map<const void*, Block*> blocks MPS_GUARDED_BY(mu);
   };

@@ -15,7 +15,6 @@
 
 #define MPS_GUARDED_BY(x) MPS_THREAD_ANNOTATION(guarded_by(x))
 #define MPS_ACQUIRED_BEFORE(x) MPS_THREAD_ANNOTATION(acquired_before(x))
-#define MPS_ACQUIRED_AFTER(x) MPS_THREAD_ANNOTATION(acquired_after(x))
 #define MPS_REQUIRES(x) MPS_THREAD_ANNOTATION(requires_capability(x))
 #define MPS_ACQUIRE(...) MPS_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define MPS_RELEASE(...) MPS_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
