@@ -89,13 +89,12 @@ void DependencyTracker::use(
 }
 
 void DependencyTracker::useInPassSlow(
-    std::atomic<BufferUses*>& entry,
     DependencyStream& consumer,
     BufferUseTable& table,
     const void* key,
     Access access) {
   const Use one{&table.get(key), access};
-  entry.store(one.buffer, std::memory_order_release);
+  hookEntry(consumer, key).store(one.buffer, std::memory_order_release);
   use(consumer, &one, 1, UseSite::kInPass);
 }
 

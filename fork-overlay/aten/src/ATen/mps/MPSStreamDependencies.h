@@ -245,10 +245,8 @@ class TORCH_API DependencyTracker {
       BufferUseTable& table,
       const void* key,
       Access access) {
-    std::atomic<BufferUses*>& entry =
-        consumer
-            .hook_cache_[detail::hashBufferKey(key) % detail::kTableCacheSize];
-    const BufferUses* uses = entry.load(std::memory_order_acquire);
+    const BufferUses* uses =
+        hookEntry(consumer, key).load(std::memory_order_acquire);
     if (C10_LIKELY(
             uses != nullptr &&
             detail::sameTableAndKey(
@@ -264,14 +262,21 @@ class TORCH_API DependencyTracker {
         return;
       }
     }
-    useInPassSlow(entry, consumer, table, key, access);
+    useInPassSlow(consumer, table, key, access);
   }
 
  private:
   // Per producer stream, the latest mark to wait for; 0: none.
   using Needs = std::array<uint64_t, kStreamsPerPool>;
+  // The slow path finds the entry again: passing it would keep it live
+  // across the fast path (one more instruction per hooked access).
+  static std::atomic<BufferUses*>& hookEntry(
+      DependencyStream& consumer,
+      const void* key) {
+    return consumer
+        .hook_cache_[detail::hashBufferKey(key) % detail::kTableCacheSize];
+  }
   C10_NOINLINE void useInPassSlow(
-      std::atomic<BufferUses*>& entry,
       DependencyStream& consumer,
       BufferUseTable& table,
       const void* key,
