@@ -269,11 +269,11 @@ StreamIndex StreamSlotPool::acquireWorkerSlot(const ExhaustionConfig& cfg) {
   }
   if (cfg.policy == ExhaustionPolicy::kWait) {
     slot_freed_.wait(mu_, has_free);
+  } else if (cfg.policy == ExhaustionPolicy::kWaitTimeout) {
+    slot_freed_.waitFor(mu_, cfg.timeout, has_free);
   }
   TORCH_CHECK(
-      has_free() ||
-          (cfg.policy == ExhaustionPolicy::kWaitTimeout &&
-           slot_freed_.waitFor(mu_, cfg.timeout, has_free)),
+      has_free(),
       "MPS stream pool exhausted: all ",
       kWorkerStreams,
       " worker streams are leased by other threads, none freed within ",
