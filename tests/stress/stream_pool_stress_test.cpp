@@ -139,12 +139,11 @@ TEST_F(PoolStressTest, HundredThousandShortLivedThreadsLeakNoSlot) {
 }
 
 // Note [MPS main thread lookup]: waves of short-lived threads, a quarter of
-// them main threads of the pool, which claim the global copy of their cache
+// them main threads of the pool, which claim the pool's copy of their cache
 // in turn and give it up as they exit, while the others lease and reuse the
 // exited threads' thread pointers. Every thread checks the stream it gets,
 // inside a guard and after it; TSan checks each hand-over.
-TEST_F(PoolStressTest, MainThreadsHandTheGlobalCacheOverAsTheyExit) {
-  at::mps::detail::releaseMainCache(); // the test's threads claim it
+TEST_F(PoolStressTest, MainThreadsHandTheCopyOverAsTheyExit) {
   static thread_local bool is_main = false;
   at::mps::StreamPoolOptions o = workerThreads();
   o.is_main_thread = [] { return is_main; };
@@ -159,7 +158,7 @@ TEST_F(PoolStressTest, MainThreadsHandTheGlobalCacheOverAsTheyExit) {
       wave.emplace_back([&, i] {
         is_main = i % 4 == 0;
         const StreamIndex own = pool_->slots().currentIndex();
-        claimed += at::mps::detail::ownsMainCache();
+        claimed += StreamSlotPoolTestPeer::ownsMainCache(pool_->slots());
         const StreamIndex other = 1 + (done + i) % kWorkerStreams;
         bool ok = (is_main ? own == 0 : own >= 1) &&
             pool_->currentStream().index() == own;
@@ -176,7 +175,7 @@ TEST_F(PoolStressTest, MainThreadsHandTheGlobalCacheOverAsTheyExit) {
   }
   EXPECT_EQ(right.load(), total);
   EXPECT_GT(claimed.load(), 0);
-  EXPECT_EQ(at::mps::detail::main_cache.owner.load(), 0u);
+  EXPECT_EQ(StreamSlotPoolTestPeer::mainOwner(pool_->slots()), 0u);
   EXPECT_EQ(StreamSlotPoolTestPeer::leasedSlots(pool_->slots()), 0);
 }
 

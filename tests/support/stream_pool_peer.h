@@ -7,13 +7,23 @@
 namespace at::mps {
 
 struct StreamSlotPoolTestPeer {
-  static uint64_t id(const StreamSlotPool& pool) {
-    return pool.id_;
-  }
   // Worker slots leased now.
   static int leasedSlots(StreamSlotPool& pool) {
     MutexLock lock(pool.mu_);
     return kWorkerStreams - static_cast<int>(pool.free_slots_.size());
+  }
+  // Note [MPS main thread lookup].
+  static bool ownsMainCache(const StreamSlotPool& pool) {
+    return pool.ownsMainCache();
+  }
+  static uintptr_t mainOwner(const StreamSlotPool& pool) {
+    return pool.main_owner_.load();
+  }
+  // The stream the calling thread's lookups read without a TLS load, or null.
+  static const void* mainCopy(const StreamSlotPool& pool) {
+    return pool.main_key_.load() == detail::threadWord()
+        ? pool.main_stream_.load()
+        : nullptr;
   }
 };
 

@@ -258,20 +258,19 @@ TEST(StreamPoolTest, ThreadsBindPerPool) {
 // ------------------------------------------------------------ main thread
 // Note [MPS main thread lookup]
 
-// The main thread's lookups read the global copy of its cache: it must follow
-// every change of the thread's current slot.
-TEST(StreamPoolTest, TheMainThreadsGlobalCacheFollowsItsCurrentSlot) {
-  using at::mps::detail::main_cache;
+// The main thread's lookups read its pool's copy of its cache: it must
+// follow every change of the thread's current slot, and only that pool's.
+TEST(StreamPoolTest, TheMainThreadsCopyFollowsItsCurrentSlot) {
   using at::mps::detail::tls_slot_cache;
   PoolUnderTest t(options({}, /*main_thread=*/true));
-  // The copy names the pool only once it holds the stream.
-  const auto agree = [] {
-    const void* stream = tls_slot_cache.stream;
-    return main_cache.pool_id == (stream ? tls_slot_cache.pool_id : 0) &&
-        main_cache.stream == stream;
+  // The copy holds the stream exactly when the thread's cache does.
+  const auto agree = [&] {
+    return StreamSlotPoolTestPeer::mainCopy(t.pool->slots()) ==
+        tls_slot_cache.stream;
   };
   EXPECT_EQ(t.pool->currentStream().index, 0);
-  ASSERT_TRUE(at::mps::detail::ownsMainCache());
+  ASSERT_TRUE(StreamSlotPoolTestPeer::ownsMainCache(t.pool->slots()));
+  EXPECT_NE(tls_slot_cache.stream, nullptr);
   EXPECT_TRUE(agree());
   for (StreamIndex index : {5, 7, 5, 0}) {
     t.pool->slots().exchangeCurrentIndex(index);
@@ -282,28 +281,26 @@ TEST(StreamPoolTest, TheMainThreadsGlobalCacheFollowsItsCurrentSlot) {
   }
   PoolUnderTest other(options({}, /*main_thread=*/true));
   EXPECT_EQ(other.pool->currentStream().index, 0);
+  EXPECT_TRUE(StreamSlotPoolTestPeer::ownsMainCache(other.pool->slots()));
   EXPECT_EQ(
-      main_cache.pool_id.load(),
-      StreamSlotPoolTestPeer::id(other.pool->slots()));
+      StreamSlotPoolTestPeer::mainCopy(t.pool->slots()), &t.pool->stream(0));
   EXPECT_EQ(t.pool->currentStream().index, 0);
-  EXPECT_TRUE(agree());
 }
 
 // The owner gives the copy up as it exits; a later thread that gets the same
 // thread pointer (glibc reuses a joined thread's stack and thread block) must
 // not read the exited owner's stream.
 TEST(StreamPoolTest, AThreadReusingAnExitedOwnersThreadPointerLeases) {
-  at::mps::detail::releaseMainCache(); // so that the next main thread claims
   std::atomic<bool> next_is_main{true};
   at::mps::StreamPoolOptions o = options();
   o.is_main_thread = [&] { return next_is_main.load(); };
   PoolUnderTest t(std::move(o));
   const uintptr_t owner = onThread([&] {
     EXPECT_EQ(t.pool->currentStream().index, 0);
-    EXPECT_TRUE(at::mps::detail::ownsMainCache());
+    EXPECT_TRUE(StreamSlotPoolTestPeer::ownsMainCache(t.pool->slots()));
     return at::mps::detail::threadWord();
   });
-  EXPECT_EQ(at::mps::detail::main_cache.owner.load(), 0u);
+  EXPECT_EQ(StreamSlotPoolTestPeer::mainOwner(t.pool->slots()), 0u);
   next_is_main = false;
   int reused = 0;
   for (int i = 0; i < 20; ++i) {

@@ -108,42 +108,57 @@ PoolRegistry& registry() {
 
 using detail::tls_slot_cache;
 
+// Held across fork(), so that the child finds it free and every pool whole.
+void lockRegistry() MPS_NO_THREAD_SAFETY_ANALYSIS {
+  registry().mu.lock();
+}
+void unlockRegistry() MPS_NO_THREAD_SAFETY_ANALYSIS {
+  registry().mu.unlock();
+}
+
+} // namespace
+
 // All SlotCache writes go here; see Note [MPS main thread lookup].
-void setSlotCache(const detail::SlotCache& cache) {
+void StreamSlotPool::setSlotCache(const detail::SlotCache& cache) {
   tls_slot_cache = cache;
-  if (detail::ownsMainCache()) {
-    detail::main_cache.set(cache);
+  if (ownsMainCache()) {
+    main_stream_.store(cache.stream, std::memory_order_relaxed);
+    main_key_.store(
+        cache.stream != nullptr ? detail::threadWord() : 0,
+        std::memory_order_relaxed);
   }
 }
 
 // The acquire pairs with releaseMainCache() at the previous owner's exit,
 // ordering that owner's writes to the copy before this claim's and its owner's.
-void claimMainCache() {
+void StreamSlotPool::claimMainCache() {
   uintptr_t none = 0;
-  if (detail::kThreadWordKnown &&
-      detail::main_cache.owner.compare_exchange_strong(
-          none, detail::threadWord(), std::memory_order_acquire)) {
-    detail::main_cache.set(tls_slot_cache);
+  if (detail::kThreadWordKnown) {
+    main_owner_.compare_exchange_strong(
+        none, detail::threadWord(), std::memory_order_acquire);
   }
 }
 
-} // namespace
-
-void detail::releaseMainCache() {
+void StreamSlotPool::releaseMainCache() {
   if (ownsMainCache()) {
-    main_cache.owner.store(0, std::memory_order_release);
+    main_key_.store(0, std::memory_order_relaxed);
+    main_owner_.store(0, std::memory_order_release);
   }
 }
 
 std::atomic<uint64_t> StreamSlotPool::fork_generation_counter_{0};
 
 // Poisons every pool made before the fork (Metal objects do not survive
-// fork()); pools made in the child work. Clearing the cache of the child's
+// fork()); pools made in the child work. Clearing the caches of the child's
 // only thread sends its next currentIndex() through the checked slow path.
-void StreamSlotPool::onForkChild() {
+void StreamSlotPool::onForkChild() MPS_NO_THREAD_SAFETY_ANALYSIS {
   fork_generation_counter_.fetch_add(1, std::memory_order_relaxed);
   tls_slot_cache = {0, -1, nullptr};
-  detail::main_cache.owner.store(0, std::memory_order_relaxed);
+  for (const auto& entry : registry().pools) {
+    entry.second->main_key_.store(0, std::memory_order_relaxed);
+    entry.second->main_owner_.store(0, std::memory_order_relaxed);
+  }
+  unlockRegistry();
 }
 
 // This thread's binding to each pool it used; see Note [MPS current stream].
@@ -179,19 +194,21 @@ struct ThreadBindings {
     auto& reg = registry();
     for (const auto& b : bindings) {
       // In a fork child, leave the parent's pools: the release hook would
-      // drive Metal, and the registry lock may have been copied held.
-      if (b.leased < 0 || StreamSlotPool::forkedSince(b.fork_generation)) {
+      // drive Metal.
+      if (StreamSlotPool::forkedSince(b.fork_generation)) {
         continue;
       }
       // The registry lock keeps the pool alive (it unregisters before dying).
       MutexLock lock(reg.mu);
       auto it = reg.pools.find(b.pool_id);
       if (it != reg.pools.end()) {
-        it->second->returnSlot(b.leased);
+        it->second->releaseMainCache();
+        if (b.leased >= 0) {
+          it->second->returnSlot(b.leased);
+        }
       }
     }
     tls_slot_cache = {0, -1, nullptr};
-    detail::releaseMainCache();
   }
 };
 
@@ -208,7 +225,7 @@ StreamSlotPool::StreamSlotPool(
       }()),
       fork_generation_([] {
         static const bool registered =
-            pthread_atfork(nullptr, nullptr, &StreamSlotPool::onForkChild) == 0;
+            pthread_atfork(lockRegistry, unlockRegistry, onForkChild) == 0;
         TORCH_CHECK(registered, "MPS stream pool: pthread_atfork failed");
         return fork_generation_counter_.load(std::memory_order_relaxed);
       }()),

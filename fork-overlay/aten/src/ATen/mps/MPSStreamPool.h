@@ -112,17 +112,19 @@ struct SlotCache {
 inline thread_local SlotCache tls_slot_cache = {0, -1, nullptr};
 
 // Note [MPS main thread lookup]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // In a shared library such as libtorch a thread_local read is a call
 // (__tls_get_addr on Linux, the TLV thunk on macOS), where the global stream
 // this pool replaced was a load. So the first main thread (is_main_thread)
-// to bind claims main_cache: a global copy of its SlotCache's pool and
-// stream, found by the thread pointer (a register) in currentStream().
-// - Only the owner writes it, with its tls_slot_cache, so both agree; others
-//   only compare `owner` (atomic fields: compilers may load speculatively).
-// - The owner gives it up at exit, before its thread pointer can be reused
-//   (a thread's exit precedes the creation of one reusing it), as does the
-//   fork child handler. Without kThreadWordKnown, nothing claims it.
+// to bind a pool claims it (main_owner_), and while its SlotCache holds that
+// pool's stream, the pool keeps a copy (main_stream_) under a key, the
+// owner's thread pointer (a register): one compare in currentStream().
+// - Only the owner writes the copy, with its tls_slot_cache, so both agree;
+//   others only compare the key (atomic: compilers may load speculatively).
+// - The owner gives its claims up at exit, before its thread pointer can be
+//   reused (a thread's exit precedes the creation of one reusing it); the
+//   fork child handler clears every pool's. Without kThreadWordKnown, no
+//   pool is claimed.
 #if defined(__APPLE__) && defined(__aarch64__)
 constexpr bool kThreadWordKnown = true;
 // The TSD base; the low 3 bits may hold the CPU (xnu's _os_tsd_get_base).
@@ -142,26 +144,6 @@ inline uintptr_t threadWord() {
   return 0;
 }
 #endif
-
-struct MainCache {
-  std::atomic<uintptr_t> owner{0}; // threadWord() of the owner; 0: none
-  std::atomic<uint64_t> pool_id{0}; // 0 while `stream` is unset: one compare
-  std::atomic<void*> stream{nullptr};
-
-  void set(const SlotCache& cache) {
-    pool_id.store(
-        cache.stream != nullptr ? cache.pool_id : 0, std::memory_order_relaxed);
-    stream.store(cache.stream, std::memory_order_relaxed);
-  }
-};
-inline MainCache main_cache;
-
-inline bool ownsMainCache() {
-  return kThreadWordKnown &&
-      main_cache.owner.load(std::memory_order_relaxed) == threadWord();
-}
-// Gives main_cache up if the calling thread owns it; its exit does this.
-TORCH_API void releaseMainCache();
 } // namespace detail
 
 // Note [MPS current stream]
@@ -228,6 +210,13 @@ class TORCH_API StreamSlotPool {
   friend struct StreamSlotPoolTestPeer;
 
   StreamIndex currentIndexSlow(bool query);
+  void setSlotCache(const detail::SlotCache& cache);
+  bool ownsMainCache() const {
+    return detail::kThreadWordKnown &&
+        main_owner_.load(std::memory_order_relaxed) == detail::threadWord();
+  }
+  void claimMainCache();
+  void releaseMainCache();
   // The leased slot; -1 when none is free and `cfg` shares a stream instead.
   StreamIndex acquireWorkerSlot(const ExhaustionConfig& cfg) MPS_EXCLUDES(mu_);
   void returnSlot(StreamIndex index) MPS_EXCLUDES(mu_);
@@ -242,6 +231,12 @@ class TORCH_API StreamSlotPool {
   CondVar slot_freed_;
   // Free worker slots, popped from the back: lowest first, deterministically.
   std::vector<StreamIndex> free_slots_ MPS_GUARDED_BY(mu_);
+
+  // Note [MPS main thread lookup]: the owner's threadWord(), or 0; main_key_
+  // is it while main_stream_ is the owner's current stream here, else 0.
+  std::atomic<uintptr_t> main_owner_{0};
+  std::atomic<uintptr_t> main_key_{0};
+  std::atomic<void*> main_stream_{nullptr};
 };
 
 // Hooks through which StreamPool creates and drives its streams.
@@ -280,11 +275,11 @@ class StreamPool {
 
   // `query`: see StreamSlotPool::currentIndex().
   StreamT& currentStream(bool query = false) {
-    if (detail::ownsMainCache()) {
-      const detail::MainCache& m = detail::main_cache;
-      return C10_LIKELY(m.pool_id.load(std::memory_order_relaxed) == slots_.id_)
-          ? *static_cast<StreamT*>(m.stream.load(std::memory_order_relaxed))
-          : currentStreamSlow(query);
+    if (detail::kThreadWordKnown &&
+        slots_.main_key_.load(std::memory_order_relaxed) ==
+            detail::threadWord()) {
+      return *static_cast<StreamT*>(
+          slots_.main_stream_.load(std::memory_order_relaxed));
     }
     return threadCurrentStream(query);
   }
