@@ -159,7 +159,7 @@ class FakeTorch:
         self.calls = []
         self.current = FakeStream("default")
         self.accelerator = types.SimpleNamespace(current_stream=self._current_stream, set_stream=self._set_stream)
-        self._C = types.SimpleNamespace(_mps_releaseCurrentThreadSlot=lambda: self.calls.append(("release",)))
+        self._C = types.SimpleNamespace(_mps_releaseThreadSlot=lambda: self.calls.append(("release",)))
 
     @staticmethod
     def device(kind):
@@ -213,7 +213,7 @@ def test_module_cpp_registers_the_binding_python_calls():
     with open(MODULE_DIFF) as f:
         added = "\n".join(line[1:] for line in f.read().splitlines() if line.startswith("+"))
     binding = added_functions()["release_current_thread_slot"].body[-1].value.func.attr
-    assert binding == "_mps_releaseCurrentThreadSlot"
+    assert binding == "_mps_releaseThreadSlot"
     assert f'{{"{binding}",' in added
     assert "getMPSHooks().releaseCurrentThreadSlot();" in added
 
