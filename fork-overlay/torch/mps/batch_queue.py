@@ -1,9 +1,6 @@
-r"""Dynamic batching for inference requests issued from many threads.
-
-A thread that runs a model on its own pays the launch, commit and synchronization cost for little
-arithmetic, and many such threads contend for the GPU. :class:`BatchQueue` runs the samples that
-threads submit as one batch on a worker thread: one large command buffer instead of many small ones.
-"""
+r"""Dynamic batching for inference requests from many threads. A thread that runs a model on its own pays the launch,
+commit and synchronization cost for little arithmetic, and many such threads contend for the GPU. :class:`BatchQueue`
+runs the samples that threads submit as one batch on a worker thread: one large command buffer instead of many small."""
 
 import collections
 import concurrent.futures
@@ -128,8 +125,8 @@ class BatchQueue:
         self._lock = threading.Lock()
         self._not_empty, self._not_full = threading.Condition(self._lock), threading.Condition(self._lock)
         self._pending, self._closed = collections.deque(), False
-        self._counts = dict(submitted=0, completed=0, failed=0, cancelled=0, batches=0, batched_items=0,
-                            max_batch_size=0)
+        self._counts = collections.Counter(submitted=0, completed=0, failed=0, cancelled=0, batches=0, batched_items=0,
+                                           max_batch_size=0)
         self._worker = threading.Thread(target=self._run, name=f"BatchQueue-{name or 'worker'}", daemon=True)
         self._worker.start()
 
@@ -143,8 +140,7 @@ class BatchQueue:
 
         When the queue is full, waits for room up to ``timeout`` seconds (forever if ``None``), or not
         at all if ``block`` is ``False``, then raises :class:`BatchQueueFull` (a ``queue.Full`` and
-        ``TimeoutError``). Raises ``RuntimeError`` once the queue is closed.
-        """
+        ``TimeoutError``). Raises ``RuntimeError`` once the queue is closed."""
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"BatchQueue: timeout must be a non-negative number or None, got {timeout!r}")
         future = concurrent.futures.Future()
@@ -163,8 +159,7 @@ class BatchQueue:
     def __call__(self, x, timeout=None):
         r"""Submits ``x`` and returns its output. ``timeout`` bounds the total wait
         for room and result; on a timeout the sample stays queued and may still run."""
-        start = time.monotonic()
-        future = self.submit(x, timeout=timeout)
+        start, future = time.monotonic(), self.submit(x, timeout=timeout)
         return future.result(None if timeout is None else max(0.0, timeout - (time.monotonic() - start)))
 
     def close(self, wait=True, cancel_pending=False):
@@ -266,8 +261,7 @@ class BatchQueue:
 
     def _bump(self, **deltas):
         with self._lock:
-            for key, delta in deltas.items():
-                self._counts[key] += delta
+            self._counts.update(deltas)  # Counter.update adds
             self._counts["max_batch_size"] = max(self._counts["max_batch_size"], deltas.get("batched_items", 0))
 
 
@@ -276,7 +270,6 @@ def batch_inference(model, inputs, *, max_batch=8, max_wait_ms=5.0, num_threads=
     ``num_threads`` threads (default: ``min(32, len(inputs))``), emulating many concurrent callers; useful for
     tests and benchmarks. The other arguments are as for :class:`BatchQueue`. Returns one output per input, in
     input order; the first failed sample's exception is re-raised.
-
     Example::
 
         >>> outs = batch_inference(torch.nn.Linear(8, 2), [torch.randn(8) for _ in range(100)])
