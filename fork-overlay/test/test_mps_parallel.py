@@ -1,9 +1,7 @@
 # Owner(s): ["module: mps"]
-r"""Tests for MPS work from many threads at once (the MPS stream pool), against CPU references.
-
-Environment variables and fork are checked in child processes (``--mps-child SCENARIO``): the pool reads
-its environment once per process. Classes take the device from ``device``, so threading runs on CPU too.
-"""
+r"""Tests for MPS work from many threads at once (the MPS stream pool), against CPU references. Environment variables
+and fork are checked in child processes (``--mps-child SCENARIO``): the pool reads its environment once per process.
+Classes take the device from ``device``, so threading runs on CPU too."""
 
 import copy
 import json
@@ -69,11 +67,6 @@ def _probe(device, i):
         return "ok" if (x * 2 + 1).sum().item() == 256 * (2 * i + 1) else "wrong value"
     except RuntimeError as exc:
         return str(exc)
-
-
-def _release_slot(device):
-    if device == "mps":
-        torch.mps.release_current_thread_slot()
 
 
 class _SelfAttention(nn.MultiheadAttention):
@@ -189,8 +182,7 @@ class TestMPSCrossThread(_DeviceTestCase):
         with torch.no_grad():
             ref = [model(x * 2 + 1) for x in raw]
         self.assertEqual([y.cpu() for y in outs], ref, atol=1e-4, rtol=1e-4)
-        # Worker outputs fed into more ops on the main thread.
-        total = torch.stack(outs).relu().sum(0) * 3
+        total = torch.stack(outs).relu().sum(0) * 3  # worker outputs fed into more ops on the main thread
         self.assertEqual(total.cpu(), torch.stack(ref).relu().sum(0) * 3, atol=1e-3, rtol=1e-4)
 
     def test_in_place_updates_across_threads(self):
@@ -418,7 +410,6 @@ class TestMPSStreams(_StreamPoolTestCase):
         self.assertTrue(event.query())
 
     def test_device_synchronize_waits_for_every_stream(self):
-        n = 8
         for sync in (torch.mps.synchronize, torch.accelerator.synchronize):
             with self.subTest(sync=sync.__module__ + "." + sync.__name__):
                 handed, release = queue.Queue(), threading.Event()
@@ -430,9 +421,9 @@ class TestMPSStreams(_StreamPoolTestCase):
                     event.record()
                     handed.put((event, torch.mps.current_stream()))
                     release.wait(TIMEOUT)  # stay alive, holding the stream, without synchronizing
-                threads = _Threads(work, n)
+                threads = _Threads(work, 8)
                 try:
-                    items = [handed.get(timeout=TIMEOUT) for _ in range(n)]
+                    items = [handed.get(timeout=TIMEOUT) for _ in range(8)]
                     sync()
                     self.assertTrue(all(event.query() for event, _ in items))
                     self.assertTrue(all(stream.query() for _, stream in items))
@@ -446,8 +437,7 @@ class TestMPSStreams(_StreamPoolTestCase):
         self.assertIs(torch.mps.batch_inference, batch_inference)
         model = nn.Linear(32, 8).eval()
         inputs = [torch.randn(32) for _ in range(64)]
-        outs = torch.mps.batch_inference(copy.deepcopy(model).to("mps"), inputs, max_batch=16, num_threads=16,
-                                         device="mps")
+        outs = batch_inference(copy.deepcopy(model).to("mps"), inputs, max_batch=16, num_threads=16, device="mps")
         with torch.no_grad():
             expected = [model(x) for x in inputs]
         self.assertEqual([o.cpu() for o in outs], expected, atol=1e-4, rtol=1e-4)
@@ -496,13 +486,10 @@ class TestMPSGraphPath(_StreamPoolTestCase):
         self.assertEqual(self._child("parallel", "--threads", "8", env={GRAPH_ENV: "1"}), dict.fromkeys(MODELS, "ok"))
 
     def test_layer_norm_graph_fallback_matches_kernel_path(self):
-        runs = []
         with tempfile.TemporaryDirectory() as tmp:
-            for env in ({}, {GRAPH_ENV: "1"}):  # the Metal-kernel path, then the graph path
-                out = os.path.join(tmp, f"{len(runs)}.pt")
-                self._child("outputs", "--out", out, env=env)
-                runs.append(torch.load(out))
-        kernel, graph = runs
+            for name, env in (("kernel", {}), ("graph", {GRAPH_ENV: "1"})):  # the Metal-kernel path, the graph path
+                self._child("outputs", "--out", os.path.join(tmp, name), env=env)
+            kernel, graph = (torch.load(os.path.join(tmp, name)) for name in ("kernel", "graph"))
         self.assertEqual(graph["device"], kernel["device"], atol=1e-5, rtol=1.3e-6)
         self.assertEqual(kernel["device"], kernel["cpu"], atol=1e-5, rtol=1e-5)
         self.assertEqual(graph["device"], graph["cpu"], atol=1e-5, rtol=1e-5)
@@ -545,8 +532,8 @@ def _child_release(device, threads=8):
     def work(i):
         outcome = _probe(device, i)
         time.sleep(0.01)
-        if i % 2 == 0:
-            _release_slot(device)
+        if i % 2 == 0 and device == "mps":
+            torch.mps.release_current_thread_slot()
         return outcome
     return _tally(_Threads(work, threads).join())
 
@@ -561,7 +548,8 @@ def _child_timeout(device, holders=WORKER_STREAMS, timeout_ms=1000):
         ready.wait()
         if i == 0:
             release.wait(TIMEOUT)
-            _release_slot(device)
+            if device == "mps":
+                torch.mps.release_current_thread_slot()
         finish.wait(TIMEOUT)
         return outcome
     holding = _Threads(hold, holders, ready)
@@ -587,8 +575,8 @@ def _child_churn(device, total=256, wave=16, release="explicit", hold=WORKER_STR
 
     def churn(i):
         outcome = _probe(device, i)
-        if release == "explicit":
-            _release_slot(device)
+        if release == "explicit" and device == "mps":
+            torch.mps.release_current_thread_slot()
         return outcome
     outcomes = []
     for start in range(0, total, wave):
@@ -656,9 +644,8 @@ def _child_main(argv):
     scenario, *options = argv
     if len(options) % 2 or not all(o.startswith("--") for o in options[::2]):
         raise SystemExit(f"usage: {CHILD_FLAG} SCENARIO [--option value]..., got {argv}")
-    kwargs = {"device": "mps"}
-    for option, value in zip(options[::2], options[1::2]):
-        kwargs[option.removeprefix("--").replace("-", "_")] = int(value) if value.isdigit() else value
+    kwargs = {"device": "mps"} | {option.removeprefix("--").replace("-", "_"): int(value) if value.isdigit() else value
+                                  for option, value in zip(options[::2], options[1::2])}
     result = globals()[f"_child_{scenario}"](**kwargs)
     print(json.dumps(result), flush=True)
     return result
