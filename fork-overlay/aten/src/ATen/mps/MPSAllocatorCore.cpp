@@ -1,7 +1,6 @@
 #include <ATen/mps/MPSAllocatorCore.h>
 
 #include <c10/core/Allocator.h>
-#include <c10/util/Exception.h>
 
 #include <algorithm>
 
@@ -11,13 +10,11 @@ namespace at::mps {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // No global lock. Pool::mu guards a pool's free set and pending fences and
 // serialises its backend allocations and releases; StreamCache::mu (a
-// CacheLock, see Note [MPS allocator stream-cache lock]) one stream's cached
-// blocks; Shard::mu a shard of the pointer -> block table and those blocks'
-// owner-visible state (uses, active flag, backend payload).
-// Order: Pool::mu, StreamCache::mu, Shard::mu (MPS_ACQUIRED_BEFORE,
-// checked by -Wthread-safety-beta). Today no path holds two: a block leaves
-// one lock's container and enters the next's, owned by the mover in between.
-//
+// CacheLock) one stream's cached blocks; Shard::mu a shard of the pointer ->
+// block table and those blocks' owner-visible state (uses, active flag, backend
+// payload). Order: Pool::mu, StreamCache::mu, Shard::mu (MPS_ACQUIRED_BEFORE,
+// checked by -Wthread-safety-beta). Today no path holds two: a block leaves one
+// lock's container and enters the next's, owned by the mover in between.
 // StreamTimelines is never called under an allocator lock: stream calls may
 // take stream locks or wait for the GPU, and completion handlers take pool
 // locks, so that could deadlock. Backend calls run under allocator locks
@@ -66,9 +63,8 @@ struct StreamsIn {
 };
 
 // C++26's std::atomic<T>::fetch_max: raises `a` to `v`, returns the old value.
-template <typename T>
-T fetchMax(std::atomic<T>& a, T v) {
-  T cur = a.load(std::memory_order_relaxed);
+uint64_t fetchMax(std::atomic<uint64_t>& a, uint64_t v) {
+  uint64_t cur = a.load(std::memory_order_relaxed);
   while (v > cur && !a.compare_exchange_weak(cur, v)) {
   }
   return cur;

@@ -54,14 +54,13 @@ class AllocatorBackend {
 
 // Note [MPS allocator stream-cache lock]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Every fast-path malloc and free locks one stream cache, nearly always from
-// its own stream's threads, for a few set operations (blocks carry their own
-// set nodes) that never block, allocate or call out (bar gpuReferenced on
-// rare release paths). std::mutex's two atomic RMWs per section (unlock looks
-// for sleepers) alone made single-threaded malloc/free 1.5x slower than one
-// allocator-wide lock on large x86 cores; CacheLock needs one (an exchange).
-// Waiters spin on a plain load, then yield, then sleep, so a preempted holder
-// gets to run whatever the priorities.
+// Fast-path malloc and free lock one stream cache, mostly from its stream's
+// threads, for a few set operations (blocks carry their set nodes) that never
+// block, allocate or call out (bar gpuReferenced on rare release paths).
+// std::mutex's two atomic RMWs per section (unlock checks for sleepers) alone
+// made single-threaded malloc/free 1.5x slower than one global lock on large
+// x86 cores; CacheLock needs one (an exchange). Waiters spin on a plain load,
+// then yield, then sleep, so a preempted holder runs whatever the priorities.
 class MPS_THREAD_ANNOTATION(capability("mutex")) CacheLock {
  public:
   void lock() MPS_ACQUIRE() {
@@ -97,9 +96,8 @@ struct AllocatorPoolOptions {
 };
 
 // No update is lost; exact while no thread is in the allocator (reserved_bytes
-// always). allocated_bytes sums per-stream counters (one counter would contend
-// on every malloc) and an atomic: a free counted in another counter skews
-// both, never the sum.
+// always). allocated_bytes sums per-stream counters (one would contend on every
+// malloc) and an atomic; a free counted elsewhere skews two, never the sum.
 struct AllocatorStats {
   int64_t reserved_bytes = 0; // device memory held in blocks, any state
   int64_t allocated_bytes = 0; // in blocks handed out and not yet freed
@@ -136,9 +134,7 @@ struct AllocatorStats {
 class CachingAllocatorCore {
  public:
   using StreamMask = uint32_t;
-  static_assert(
-      kStreamsPerPool <= 32,
-      "stream sets are 32-bit masks indexed by StreamIndex");
+  static_assert(kStreamsPerPool <= 32, "stream sets are 32-bit masks");
 
   struct Block;
 
@@ -184,11 +180,6 @@ class CachingAllocatorCore {
   // CUDA's recordStream: free() will also wait for `stream`'s work.
   void recordStream(const void* key, StreamIndex stream);
 
-  // Block `key`'s buffer as a `Buffer*`, or nullptr if `key` is no block of
-  // this allocator; holds the block's shard lock while it lives.
-  template <typename Buffer = void>
-  class LockedBuffer;
-
   // Waits for cached blocks' fences and releases them; later frees may stay.
   void emptyCache();
   // Moves pending blocks whose fences have completed to their pools' free sets.
@@ -206,7 +197,6 @@ class CachingAllocatorCore {
  private:
   friend struct AllocatorCoreTestPeer;
   struct alignas(64) StreamCache {
-    // See Note [MPS allocator stream-cache lock].
     mutable CacheLock mu MPS_ACQUIRED_BEFORE(Shard::mu);
     BlockSet blocks MPS_GUARDED_BY(mu);
     // The fast path's count, kept under the lock it holds anyway.
@@ -226,8 +216,7 @@ class CachingAllocatorCore {
         MPS_GUARDED_BY(mu);
     // Streams with fences here / with a possibly non-empty cache. Read
     // without a lock to skip work; exact under the corresponding locks.
-    std::atomic<StreamMask> pending_streams{0};
-    std::atomic<StreamMask> cached_streams{0};
+    std::atomic<StreamMask> pending_streams{0}, cached_streams{0};
     std::array<StreamCache, kStreamsPerPool> caches;
   };
 
@@ -268,39 +257,40 @@ class CachingAllocatorCore {
 
   // Per stream, the largest commit point known complete / armed with a
   // completion handler / asked to commit.
-  std::array<std::atomic<uint64_t>, kStreamsPerPool> completed_{};
-  std::array<std::atomic<uint64_t>, kStreamsPerPool> armed_{};
-  std::array<std::atomic<uint64_t>, kStreamsPerPool> commit_requested_{};
+  std::array<std::atomic<uint64_t>, kStreamsPerPool> completed_{}, armed_{},
+      commit_requested_{};
 
   std::atomic<size_t> low_watermark_{0};
   std::atomic<uint64_t> next_block_id_{0};
 
   alignas(64) std::atomic<int64_t> reserved_bytes_{0};
   std::atomic<int64_t> pending_bytes_{0};
-  // Off the stream-cache fast path.
-  std::atomic<int64_t> other_allocated_bytes_{0};
-};
+  std::atomic<int64_t> other_allocated_bytes_{0}; // counted off the fast path
 
-template <typename Buffer>
-class CachingAllocatorCore::LockedBuffer {
  public:
-  LockedBuffer(CachingAllocatorCore& core, const void* key)
-      : shard_(core.shardFor(key)), lock_(shard_.mu) {
-    const auto it = shard_.blocks.find(key);
-    buffer_ = static_cast<Buffer*>(
-        it == shard_.blocks.end() ? nullptr : it->second->buffer);
-  }
-  operator Buffer*() const {
-    return buffer_;
-  }
-  Buffer* operator->() const {
-    return buffer_;
-  }
+  // Block `key`'s buffer as a `Buffer*`, or nullptr if `key` is no block of
+  // this allocator; holds the block's shard lock while it lives.
+  template <typename Buffer = void>
+  class LockedBuffer {
+   public:
+    LockedBuffer(CachingAllocatorCore& core, const void* key)
+        : shard_(core.shardFor(key)), lock_(shard_.mu) {
+      const auto it = shard_.blocks.find(key);
+      buffer_ = static_cast<Buffer*>(
+          it == shard_.blocks.end() ? nullptr : it->second->buffer);
+    }
+    operator Buffer*() const {
+      return buffer_;
+    }
+    Buffer* operator->() const {
+      return buffer_;
+    }
 
- private:
-  Shard& shard_;
-  MutexLock lock_;
-  Buffer* buffer_;
+   private:
+    Shard& shard_;
+    MutexLock lock_;
+    Buffer* buffer_;
+  };
 };
 
 } // namespace at::mps
