@@ -371,8 +371,7 @@ void CachingAllocatorCore::lastFences(Pool& p, StreamPoints& points) {
   }
 }
 
-// Pops the fences of stream `s` that completed_[s] covers; a block whose
-// last fence goes becomes free. Returns whether any block did.
+// Pops `s`'s fences that completed_[s] covers; true if that freed a block.
 bool CachingAllocatorCore::resolveLocked(Pool& p, StreamIndex s) {
   auto& fences = p.fences[s];
   bool freed = false;

@@ -160,8 +160,7 @@ class CachingAllocatorCore {
     uint64_t fence = 0; // stream cache: pendingPoint(stream) at free
     int64_t cached_at = 0; // when freed (steady_clock ticks), for GC ages
     int outstanding = 0; // pending: fences not yet completed
-    // The block's BlockSet node, made with it and moved into and out of sets
-    // so that caching allocates nothing; empty while in a set.
+    // Its set node, made with it so caching allocates nothing; empty in a set.
     BlockSet::node_type node{};
   };
 
