@@ -3,7 +3,6 @@
 // Portable core of the MPS caching allocator: no Objective-C, no Metal.
 
 #include <ATen/mps/MPSStreamPool.h>
-#include <ATen/mps/MPSThreadAnnotations.h>
 
 #include <map>
 #include <set>
