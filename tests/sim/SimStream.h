@@ -54,7 +54,6 @@ struct SimOps {
   void signalTimeline(const Buffer& buffer, uint64_t point) {
     buffer->encodeSignal(timeline, point);
   }
-  void release(const Buffer&) {}
   bool lowWatermarkReached() const {
     return low_watermark->load();
   }

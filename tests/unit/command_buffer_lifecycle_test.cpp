@@ -323,7 +323,6 @@ struct ManualOps {
     st->handlers[b].push_back(std::move(h));
   }
   void signalTimeline(Buffer, uint64_t) {}
-  void release(Buffer) {}
   bool lowWatermarkReached() {
     return false;
   }

@@ -1,16 +1,10 @@
 #pragma once
 
 #include <ATen/mps/MPSStreamPool.h>
-#include <ATen/mps/MPSThreadAnnotations.h>
-#include <c10/util/Exception.h>
 
-#include <cstdint>
-#include <functional>
 #include <map>
 #include <set>
 #include <string>
-#include <utility>
-#include <vector>
 
 namespace at::mps {
 
@@ -69,7 +63,7 @@ inline bool resolveCommitAndContinue(StreamIndex index, const char* env_value) {
 // returns is owned by the caller):
 //   Buffer makeBuffer(const Queue&); Encoder makeComputeEncoder(Buffer);
 //   void endEncoding(Encoder);                  ends and releases it
-//   void commit(Buffer); void release(Buffer);
+//   void commit(Buffer);                        commits and releases it
 //   void commitAndContinue(Buffer);             commits the root, stays open
 //   void addCompletedHandler(Buffer, CompletionHandler);  on the open root
 //   void signalTimeline(Buffer, uint64_t mark); no encoder open
@@ -283,7 +277,6 @@ class CommandBufferLifecycle {
       ops_.commitAndContinue(buffer_);
     } else {
       ops_.commit(buffer_);
-      ops_.release(buffer_);
       has_buffer_ = false;
     }
     // Published after the commit: other streams wait only for marks seen here.
@@ -301,9 +294,7 @@ class CommandBufferLifecycle {
         errors_.emplace(point, status.error);
       }
       done_out_of_order_.insert(point);
-      while (!done_out_of_order_.empty() &&
-             *done_out_of_order_.begin() == completed_ + 1) {
-        done_out_of_order_.erase(done_out_of_order_.begin());
+      while (done_out_of_order_.erase(completed_ + 1) != 0) {
         ++completed_;
       }
       auto end = deferred_.upper_bound(completed_);
