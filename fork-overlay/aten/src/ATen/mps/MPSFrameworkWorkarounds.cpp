@@ -2,15 +2,13 @@
 
 namespace at::mps {
 
-namespace {
-std::array<Mutex, kRacyKernelFamilies>& familyLocks() {
+static std::array<Mutex, kRacyKernelFamilies>& familyLocks() {
   // Leaked: ops may encode during static destruction.
   static auto* locks = new std::array<Mutex, kRacyKernelFamilies>();
   return *locks;
 }
 // Bit i set: the calling thread holds family i's lock.
-thread_local uint32_t tls_held_families = 0;
-} // namespace
+static thread_local uint32_t tls_held_families = 0;
 
 // A lock chosen at run time defeats the analysis; the order is checked here.
 SerializedEncode::SerializedEncode(RacyKernelFamily family)
@@ -31,6 +29,11 @@ SerializedEncode::~SerializedEncode() MPS_NO_THREAD_SAFETY_ANALYSIS {
 }
 
 bool preferGraphPathNow(StreamIndex current) {
+  static constexpr EnvSwitch kForceGraphPathSwitch{
+      "MPS_FORCE_GRAPH_PATH",
+      "always use the MPSGraph path of ops whose Metal-kernel path races",
+      "use it while more than one stream is active",
+      "use it while more than one stream is active"};
   // A malformed value throws here, and again on the next call.
   static const bool force =
       readEnvSwitch(kForceGraphPathSwitch).value_or(false);

@@ -38,12 +38,6 @@ class TORCH_API SerializedEncode {
   const int index_;
 };
 
-inline constexpr EnvSwitch kForceGraphPathSwitch{
-    "MPS_FORCE_GRAPH_PATH",
-    "always use the MPSGraph path of ops whose Metal-kernel path races",
-    "use it while more than one stream is active",
-    "use it while more than one stream is active"};
-
 // True if `force` or more than one stream is active. Notes `current` in
 // `activity` first, so the caller's stream always counts.
 inline bool preferGraphPath(

@@ -37,8 +37,12 @@ StreamActivity& streamActivity() {
 }
 
 EncoderLifecycleGate& computeEncoderGate() {
-  // Leaked: streams may end encoders during static destruction. A malformed
-  // value throws here, and again on the next call.
+  static constexpr EnvSwitch kSerializeComputeEncodersSwitch{
+      "MPS_SERIALIZE_COMPUTE_ENCODERS",
+      "create and end compute encoders one at a time across all streams",
+      "no gate",
+      "no gate"};
+  // Leaked: streams may end encoders during static destruction.
   static auto* gate = new EncoderLifecycleGate(
       readEnvSwitch(kSerializeComputeEncodersSwitch).value_or(false));
   return *gate;

@@ -2,6 +2,7 @@
 
 #include <ATen/mps/MPSStreamPool.h>
 
+#include <algorithm>
 #include <exception>
 #include <type_traits>
 #include <utility>
@@ -20,8 +21,7 @@ namespace at::mps {
 //    logical call, whichever thread libdispatch picks: a block's section
 //    links to its dispatcher's. Sections live on the stack and a dispatcher
 //    blocks until its block returns, so each outlives those linked below it.
-// Code entering a queue otherwise (own dispatch_sync) opens a SerialSection
-// inside its block.
+// Code with its own dispatch_sync opens a SerialSection inside its block.
 class TORCH_API SerialSection {
  public:
   // `outer`: the chain of the thread that dispatched this block.
@@ -93,14 +93,11 @@ class TORCH_API StreamActivity {
   // A stamp later than `now` (another thread's clock read) counts.
   int activeStreams(Clock::time_point now = Clock::now()) const {
     const int64_t current = stampOf(now);
-    int active = 0;
-    for (const Slot& slot : slots_) {
-      const int64_t last = slot.last.load(std::memory_order_relaxed);
-      if (last != 0 && current - last < kWindowMs) {
-        ++active;
-      }
-    }
-    return active;
+    return static_cast<int>(
+        std::count_if(slots_.begin(), slots_.end(), [&](const Slot& slot) {
+          const int64_t last = slot.last.load(std::memory_order_relaxed);
+          return last != 0 && current - last < kWindowMs;
+        }));
   }
 
  private:
@@ -117,12 +114,6 @@ class TORCH_API StreamActivity {
 };
 
 TORCH_API StreamActivity& streamActivity();
-
-inline constexpr EnvSwitch kSerializeComputeEncodersSwitch{
-    "MPS_SERIALIZE_COMPUTE_ENCODERS",
-    "create and end compute encoders one at a time across all streams",
-    "no gate",
-    "no gate"};
 
 // Note [MPS compute-encoder lifecycle gate]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
