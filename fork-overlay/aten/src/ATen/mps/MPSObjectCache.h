@@ -57,19 +57,18 @@ class OnceCache {
         shard.created.wait(shard.mu);
       }
     }
-    std::optional<Value> made;
     try {
-      made.emplace(std::forward<Create>(create)());
+      Value made = std::forward<Create>(create)();
+      MutexLock lock(shard.mu);
+      mine->value.emplace(std::move(made));
+      shard.created.notifyAll();
+      return *mine->value;
     } catch (...) {
       MutexLock lock(shard.mu);
       shard.slots.erase(key);
       shard.created.notifyAll();
       throw;
     }
-    MutexLock lock(shard.mu);
-    mine->value.emplace(std::move(*made));
-    shard.created.notifyAll();
-    return *mine->value;
   }
 
   // nullptr if absent or still being created; never waits.
