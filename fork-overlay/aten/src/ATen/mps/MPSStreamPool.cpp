@@ -167,8 +167,7 @@ struct ThreadBindings {
     uint64_t pool_id;
     StreamIndex current; // -1: not chosen yet
     StreamIndex leased; // -1: holds no lease
-    // current is a query's unleased slot; see Note [MPS stream queries].
-    bool provisional;
+    bool provisional; // a query's unleased slot; Note [MPS stream queries]
     uint64_t fork_generation; // the pool's
     // Slots replaced by exchanges not yet undone, innermost last.
     std::vector<StreamIndex> displaced;
@@ -245,16 +244,15 @@ StreamSlotPool::~StreamSlotPool() {
 
 // Note [MPS stream queries]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A stream guard (c10's InlineStreamGuard: getStream, then exchangeStream)
-// and torch.mps.stream() query the current stream first, binding one on a
-// fresh thread that may never encode: autograd runs each MPS backward node
-// on its own thread, guarded onto the forward's stream. The exhaustion
-// policy there would make it wait for (or fail on) an unneeded stream while
-// every worker stream's holder awaits its backward pass. So a query
-// (getStream and an exchange's saved slot: currentIndex(true)) takes a free
-// slot, else an unleased shared one, marked provisional and uncached. The
-// next op outside any exchange applies the policy as a first use, maybe
-// moving to a leased slot; ops inside an exchange use the exchanged-in slot.
+// A stream guard (c10's InlineStreamGuard: getStream, then exchangeStream) and
+// torch.mps.stream() query the current stream first, binding one on a fresh
+// thread that may never encode: autograd runs each MPS backward node on its own
+// thread, guarded onto the forward's stream. The exhaustion policy would make
+// it wait for (or fail on) an unneeded stream while each worker stream's holder
+// awaits its backward pass. So a query (currentIndex(true): getStream, an
+// exchange's saved slot) takes a free slot, else an unleased shared one,
+// provisional and uncached. The next op outside any exchange applies the policy
+// as a first use, maybe moving to a leased slot; ops inside one use its slot.
 StreamIndex StreamSlotPool::currentIndexSlow(bool query) {
   checkNotForked();
   ThreadBindings::Binding& b = tls_bindings.find(*this);
@@ -317,15 +315,14 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
 }
 
 // Guards (c10::StreamGuard, torch.mps.stream) exchange a slot in, then the
-// previous one back, via set_stream()'s call. An exchange back to the slot
-// the last open exchange replaced closes it; any other opens one. While one
-// is open the lease stays: the guard would restore a slot the thread no
-// longer owns, or lease one in its destructor (where an exhausted pool could
-// only terminate). Known holes, as set_stream() shares the guards' call:
-// set_stream(own) in a guard onto `own` closes the guard's entry (a release
-// there succeeds; the guard's exit leases again), and set_stream() to the
-// current slot or in a guard opens one nothing closes (a later release is
-// refused). Closing them needs a restore call c10's guards lack today.
+// previous one back, via set_stream()'s call. An exchange back to the slot the
+// last open exchange replaced closes it; any other opens one. While one is open
+// the lease stays, lest the guard restore a slot the thread no longer owns or
+// lease one in its destructor (where an exhausted pool can only terminate).
+// Known holes, as set_stream() shares that call: set_stream(own) in a guard
+// onto `own` closes its entry (a release there succeeds; the exit leases anew);
+// set_stream() to the current slot or in a guard opens one nothing closes (a
+// later release is refused). Fixing them needs a restore call c10 lacks.
 StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
   checkStreamIndex(index);
   const StreamIndex previous = currentIndex(/*query=*/true);
@@ -360,7 +357,6 @@ void StreamSlotPool::releaseCurrentThreadSlot() {
   if (b.leased < 0) {
     return;
   }
-  // See exchangeCurrentIndex() for why an open displacement forbids it.
   TORCH_CHECK(
       b.displaced.empty(),
       "torch.mps.release_current_thread_slot(): the calling thread is inside "

@@ -7,7 +7,6 @@
 
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,15 +17,12 @@ namespace at::mps {
 
 // Note [MPS environment switches]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// An on/off variable accepts exactly "1" or "0"; unset or empty means the
-// default. Anything else (" 1", "true") raises, naming the variable and each
-// value's effect, so a typo never silently selects the default. Each switch
-// is read once, by its owner; the error surfaces from the first op needing it.
+// An on/off variable is "1" or "0"; unset or empty means the default. Anything
+// else (" 1", "true") raises, naming the variable and each value's effect, so a
+// typo never silently selects the default. Its owner reads it once, lazily.
 struct EnvSwitch {
   const char* name;
-  const char* on; // what "1" does
-  const char* off; // what "0" does
-  const char* unset; // what leaving it unset does
+  const char *on, *off, *unset; // what "1", "0" and leaving it unset do
 };
 
 TORCH_API std::optional<bool> parseEnvSwitch(const EnvSwitch&, const char*);
@@ -35,9 +31,8 @@ TORCH_API std::optional<bool> readEnvSwitch(const EnvSwitch& sw);
 // Note [MPS stream pool]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // kStreamsPerPool streams, each with its own command queue: slot 0 is the
-// default stream, the rest worker streams. A slot's stream is created once,
-// on first use; a failed creation leaves the slot empty for a retry. Tests
-// run this code over a simulated stream (the pool's template parameter).
+// default stream, the rest worker streams. A slot's stream is created on first
+// use; a failure leaves it empty for a retry. Tests simulate StreamT.
 //
 // The main thread starts on the default stream (Note [MPS current stream]);
 // others lease a free worker slot on first use until they exit or call
@@ -101,9 +96,8 @@ struct StreamPoolOptions {
 };
 
 namespace detail {
-// The cache of Note [MPS current stream]: constant-initialized, a TLS load.
-// A copy in a library that only inlines the readers stays empty: always the
-// checked slow path, correctly.
+// The cache of Note [MPS current stream], constant-initialized: a TLS load. A
+// copy in a library that only inlines the readers stays empty: slow, correct.
 struct SlotCache {
   uint64_t pool_id;
   int current; // StreamIndex; -1: no binding
@@ -149,12 +143,11 @@ inline uintptr_t threadWord() {
 // Note [MPS current stream]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // A thread's binding to a pool holds its current and leased slots. The fast
-// path reads a trivially destructible cache of the last pool's binding:
-// compare the pool id, load the index. A second thread_local holds the full
-// list; its destructor returns leases at thread exit. Pools are named by a
-// process-unique id, never an address, so a destroyed test pool and a new one
-// at its address are never confused, and a thread exiting after its pool
-// unregistered has nothing to return.
+// path reads a trivially destructible cache of the last pool's binding: compare
+// the pool id, load the index. A second thread_local holds the full list; its
+// destructor returns leases at thread exit. Pools have process-unique ids, not
+// addresses, so a destroyed test pool and a new one at its address are never
+// confused, and a thread exiting after its pool unregistered returns nothing.
 class TORCH_API StreamSlotPool {
  public:
   // The returning thread calls `release_hook` with each lease's slot before
@@ -164,8 +157,7 @@ class TORCH_API StreamSlotPool {
       std::function<void(StreamIndex)> release_hook);
   ~StreamSlotPool();
 
-  // A `query` never waits or throws (Note [MPS stream queries]); an op's first
-  // call on a non-main thread leases a slot or applies the exhaustion policy.
+  // A `query` never waits or throws (Note [MPS stream queries]).
   StreamIndex currentIndex(bool query = false) {
     const detail::SlotCache cached = detail::tls_slot_cache;
     if (C10_LIKELY(cached.pool_id == id_ && cached.current >= 0)) {
@@ -187,8 +179,7 @@ class TORCH_API StreamSlotPool {
 
   void cacheStream(StreamIndex index, void* stream);
 
-  // Raises in a child forked after this pool was made. currentIndex()'s fast
-  // path needs no check: the fork child handler clears the survivor's cache.
+  // Raises in a child forked after this pool was made; see onForkChild().
   void checkNotForked() const {
     TORCH_CHECK(
         !forkedSince(fork_generation_),

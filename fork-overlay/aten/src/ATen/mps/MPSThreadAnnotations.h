@@ -1,7 +1,6 @@
 #pragma once
 
-// Clang thread-safety annotations and an annotated mutex for -Wthread-safety,
-// as c10 and std::mutex have none; on other compilers the macros are empty.
+// Clang thread-safety macros and an annotated Mutex, which c10 and std lack.
 
 #include <chrono>
 #include <condition_variable>
