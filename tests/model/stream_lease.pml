@@ -98,7 +98,7 @@
  * Checks: `monitor` asserts the invariants INV in every state (on failure
  * it names the broken one):
  *   badSlots    no slot is leased twice, and a free slot is nobody's lease
- *   badCount    free_slots_.size() matches the free set and the leases
+ *   badCount    free_slots_'s popcount matches the free set and the leases
  *   badCache    tls_slot_cache never disagrees with the binding
  *   badBinding  with no displacement open a lease holder's current slot is
  *               its lease; with one open the thread is bound (current >= 0)
@@ -126,7 +126,7 @@
  * leases); stream creation (create_mu_, streams_), getStreamFromPool() and
  * nested guards are left out (a set_stream() inside a scope stands for the
  * inner exchange); round_robin_ counts mod NS; free_slots_ is a set
- * (sorted, so back() is always the lowest index); the release hook is an
+ * (a bit mask: the lowest set bit is leased first); the release hook is an
  * assertion point; a pool made in the fork child is not modelled.
  *
  * Switches (-D to spin -a):
@@ -205,11 +205,11 @@
 
 /* ---- StreamSlotPool, shared ------------------------------------------ */
 byte mu;              /* mu_: 0 free, else owner thread + 1 */
-/* StreamSlotPool(): free_slots_ = {31, ..., 1}: all worker slots free */
-bool isfree[NS + 1] = true; /* free_slots_ as a set (isfree[0] unused): it
-                         is kept sorted descending and popped from the
-                         back, so back() is the lowest free index */
-byte nfree = NS;      /* free_slots_.size() */
+/* StreamSlotPool(): free_slots_ = bits 1..31: all worker slots free */
+bool isfree[NS + 1] = true; /* free_slots_ as a set (isfree[0] unused):
+                         acquireWorkerSlot takes its lowest set bit,
+                         the lowest free index */
+byte nfree = NS;      /* free_slots_'s popcount */
 bool inwait[NT];      /* slot_freed_'s wait set */
 #ifdef POLICY
 #define POL POLICY
@@ -367,7 +367,7 @@ inline check_inv() {
 #define CHILD_SKIPS(lease) (lease < 0 || BINDING_GEN != CHILD_GEN)
 #endif
 
-/* acquireWorkerSlot: slot = free_slots_.back(); free_slots_.pop_back();
+/* acquireWorkerSlot: slot = ctz(free_slots_); clear that bit;
    then currentIndexSlow: b.current = b.leased = slot (leased = true);
    tls_slot_cache = {id_, slot}. One step with the lock (see Granularity). */
 #define POP_LOWEST_AND_BIND(out) \
@@ -570,7 +570,7 @@ inline exchange_set(index, previous, restore) {
 
 /* StreamSlotPool::returnSlot(s), after the caller took s from its binding
    and ran release_hook_(s) -> onLeaseReleased:
-   { MutexLock lock(mu_); free_slots_.push_back(index); std::sort(...) }
+   { MutexLock lock(mu_); free_slots_ |= uint64_t{1} << index; }
    and then, after the lock is dropped, slot_freed_.notifyOne() */
 #define PUSH(s) \
   assert(mu == 0 && !isfree[s]); isfree[s] = true; nfree++

@@ -10,7 +10,7 @@ struct StreamSlotPoolTestPeer {
   // Worker slots leased now.
   static int leasedSlots(StreamSlotPool& pool) {
     MutexLock lock(pool.mu_);
-    return kWorkerStreams - static_cast<int>(pool.free_slots_.size());
+    return kWorkerStreams - __builtin_popcountll(pool.free_slots_);
   }
   // Note [MPS main thread lookup].
   static bool ownsMainCache(const StreamSlotPool& pool) {

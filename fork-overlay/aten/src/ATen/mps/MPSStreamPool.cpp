@@ -1,6 +1,5 @@
 #include <ATen/mps/MPSStreamPool.h>
 
-#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -229,12 +228,8 @@ StreamSlotPool::StreamSlotPool(
         return fork_generation_counter_.load(std::memory_order_relaxed);
       }()),
       options_(std::move(options)),
-      release_hook_(std::move(release_hook)) {
-  MutexLock lock(mu_);
-  for (StreamIndex i = kStreamsPerPool - 1; i > kDefaultStreamIndex; --i) {
-    free_slots_.push_back(i);
-  }
-}
+      release_hook_(std::move(release_hook)),
+      free_slots_((uint64_t{1} << kStreamsPerPool) - 2) {} // every worker slot
 
 StreamSlotPool::~StreamSlotPool() {
   auto& reg = registry();
@@ -277,8 +272,7 @@ StreamIndex StreamSlotPool::currentIndexSlow(bool query) {
 
 StreamIndex StreamSlotPool::acquireWorkerSlot(const ExhaustionConfig& cfg) {
   MutexLock lock(mu_);
-  const auto has_free = [this]()
-                            MPS_REQUIRES(mu_) { return !free_slots_.empty(); };
+  const auto has_free = [this]() MPS_REQUIRES(mu_) { return free_slots_ != 0; };
   if (cfg.policy == ExhaustionPolicy::kShare && !has_free()) {
     return -1;
   }
@@ -299,8 +293,8 @@ StreamIndex StreamSlotPool::acquireWorkerSlot(const ExhaustionConfig& cfg) {
       "done with MPS, unset ",
       kWaitTimeoutEnvVar,
       " to share streams, or set it to -1 or a longer timeout in ms to wait.");
-  const StreamIndex slot = free_slots_.back();
-  free_slots_.pop_back();
+  const StreamIndex slot = __builtin_ctzll(free_slots_);
+  free_slots_ &= free_slots_ - 1;
   return slot;
 }
 
@@ -308,8 +302,7 @@ void StreamSlotPool::returnSlot(StreamIndex index) {
   release_hook_(index);
   {
     MutexLock lock(mu_);
-    free_slots_.push_back(index);
-    std::sort(free_slots_.begin(), free_slots_.end(), std::greater<>());
+    free_slots_ |= uint64_t{1} << index;
   }
   slot_freed_.notifyOne();
 }

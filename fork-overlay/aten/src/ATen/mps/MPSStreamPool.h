@@ -220,8 +220,8 @@ class TORCH_API StreamSlotPool {
 
   Mutex mu_;
   CondVar slot_freed_;
-  // Free worker slots, popped from the back: lowest first, deterministically.
-  std::vector<StreamIndex> free_slots_ MPS_GUARDED_BY(mu_);
+  // Bit i set: worker slot i is free. The lowest is leased first.
+  uint64_t free_slots_ MPS_GUARDED_BY(mu_);
 
   // Note [MPS main thread lookup]: the owner's threadWord(), or 0; main_key_
   // is it while main_stream_ is the owner's current stream here, else 0.
@@ -232,8 +232,7 @@ class TORCH_API StreamSlotPool {
 
 // Hooks through which StreamPool creates and drives its streams.
 template <typename StreamT>
-class StreamBackend {
- public:
+struct StreamBackend {
   virtual ~StreamBackend() = default;
   // May throw or return null; either way the slot stays creatable.
   virtual std::unique_ptr<StreamT> create(StreamIndex index) = 0;
