@@ -1,10 +1,8 @@
 #include <ATen/mps/MPSStreamDependencies.h>
 
-#include <c10/util/Exception.h>
 #include <c10/util/ScopeExit.h>
 
 #include <algorithm>
-#include <vector>
 
 // A test build's hook, run just after the fast path published an op's buffer
 // `i`: a takeover then must not make two streams wait for each other.
@@ -14,19 +12,15 @@
 
 namespace at::mps {
 
-namespace {
-
-constexpr uint64_t pack(StreamIndex stream, uint64_t point) {
+static constexpr uint64_t pack(StreamIndex stream, uint64_t point) {
   return point * kStreamsPerPool + static_cast<uint64_t>(stream);
 }
-constexpr StreamIndex streamOf(uint64_t packed) {
+static constexpr StreamIndex streamOf(uint64_t packed) {
   return static_cast<StreamIndex>(packed % kStreamsPerPool);
 }
-constexpr uint64_t pointOf(uint64_t packed) {
+static constexpr uint64_t pointOf(uint64_t packed) {
   return packed / kStreamsPerPool;
 }
-
-} // namespace
 
 uint64_t BufferUseTable::nextId() {
   static std::atomic<uint64_t> next{1};
@@ -43,8 +37,7 @@ BufferUses& BufferUseTable::getSlow(const void* key) {
   return *slot;
 }
 
-// Escape hatch: the number of locks depends on the op, which the analysis
-// cannot express.
+// Escape hatch: the analysis cannot express a per-op number of locks.
 void DependencyTracker::use(
     DependencyStream& consumer,
     const Use* uses,
@@ -77,7 +70,7 @@ void DependencyTracker::use(
     b->mu_.lock();
   }
   for (size_t i = 0; i < count; ++i) {
-    record(me, mark, *uses[i].buffer, uses[i].access, needs);
+    record(me, mark, uses[i], needs);
   }
   for (BufferUses* b : locked) {
     b->mu_.unlock();
@@ -139,9 +132,9 @@ DependencyTracker::FastPath DependencyTracker::tryFastPath(
 void DependencyTracker::record(
     StreamIndex me,
     uint64_t point,
-    BufferUses& buffer,
-    Access access,
+    const Use& use,
     Needs& needs) MPS_NO_THREAD_SAFETY_ANALYSIS {
+  BufferUses& buffer = *use.buffer;
   // The same pass wrote it already (Note [MPS cross-stream dependencies]).
   if (buffer.wrote_at_[me] == point) {
     return;
@@ -171,7 +164,7 @@ void DependencyTracker::record(
   if (buffer.last_write_ != 0 && streamOf(buffer.last_write_) != me) {
     need(streamOf(buffer.last_write_), pointOf(buffer.last_write_));
   }
-  if (access == Access::kWrite) {
+  if (use.access == Access::kWrite) {
     for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
       if (s != me && buffer.reads_[s] != 0) {
         need(s, buffer.reads_[s]);
@@ -266,8 +259,9 @@ bool DependencyTracker::waitsForItself(
     uint64_t m) const {
   std::array<uint64_t, kStreamsPerPool + 1> chain{};
   size_t n = 0;
-  while (n < chain.size()) {
-    if (streams_[s].load(std::memory_order_acquire)->committedMark() >= m) {
+  while (true) {
+    if (n == chain.size() ||
+        streams_[s].load(std::memory_order_acquire)->committedMark() >= m) {
       return false;
     }
     chain[n++] = pack(s, m);
@@ -280,9 +274,6 @@ bool DependencyTracker::waitsForItself(
     }
     s = streamOf(next);
     m = pointOf(next);
-  }
-  if (n == 0 || streamOf(chain[n - 1]) != me) {
-    return false;
   }
   for (size_t i = 0; i < n; ++i) {
     const StreamIndex t = streamOf(chain[i]);

@@ -2,13 +2,7 @@
 
 #include <ATen/mps/MPSStreamPool.h>
 #include <ATen/mps/MPSThreadAnnotations.h>
-#include <c10/macros/Export.h>
-#include <c10/macros/Macros.h>
 
-#include <array>
-#include <atomic>
-#include <cstdint>
-#include <memory>
 #include <unordered_map>
 
 namespace at::mps {
@@ -85,12 +79,9 @@ class TORCH_API BufferUses {
   static constexpr uint64_t kWroteBit = 1u << 8;
   static constexpr int kMarkShift = 9;
   static_assert(kStreamsPerPool < kOwnerMask, "stream + 1 must fit");
-  static constexpr uint64_t soleWord(
-      StreamIndex stream,
-      uint64_t mark,
-      bool wrote) {
+  static constexpr uint64_t soleWord(StreamIndex s, uint64_t mark, bool wrote) {
     return (mark << kMarkShift) | (wrote ? kWroteBit : 0) |
-        (static_cast<uint64_t>(stream) + 1);
+        (static_cast<uint64_t>(s) + 1);
   }
   // What the hook's cache checks (table ids start at 1), beside sole_.
   const uint64_t table_ = 0;
@@ -288,12 +279,7 @@ class TORCH_API DependencyTracker {
       const Use* uses,
       size_t count);
   // Records one use (buffer locked); adds what it must wait for to `needs`.
-  void record(
-      StreamIndex me,
-      uint64_t mark,
-      BufferUses& buffer,
-      Access access,
-      Needs& needs);
+  void record(StreamIndex me, uint64_t mark, const Use& use, Needs& needs);
   void resolve(DependencyStream& consumer, const Needs& needs, UseSite site);
   bool waitsForItself(StreamIndex me, StreamIndex s, uint64_t m) const;
 
