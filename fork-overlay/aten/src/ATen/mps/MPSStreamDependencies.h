@@ -18,26 +18,24 @@ namespace at::mps {
 // signalling its mark (Note [MPS command buffer lifecycle]).
 //
 // Record. Each buffer keeps its last write (stream, mark) and each stream's
-// last read since. A use by stream C waits for the last write if another
-// stream made it (RAW); a write also for other streams' reads (WAR) and the
-// last write (WAW); completed marks are skipped. A write then becomes the
-// only record (it follows all of it); a read joins the reads. A use at a
-// mark holding C's own write is a kernel of that pass binding the buffer
-// again (in-place ops: output, then input); all uses since depend on the
-// pass, so it needs and changes nothing (a wait would be a cycle the serial
-// order lacks). An op locks its buffers in address order (no deadlock) and
-// records all its uses before any unlock, so ops sharing buffers get one
-// serial order and every wait points from a later op to an earlier one.
+// last read since. A use by stream C waits for another stream's last write
+// (RAW, WAW), a write also for other streams' reads (WAR), skipping completed
+// marks. A write then becomes the only record (it follows all of it); a read
+// joins the reads. A use at a mark holding C's own write is a kernel of that
+// pass binding the buffer again (in-place ops: output, then input): all uses
+// since depend on the pass, so it needs and changes nothing (a wait would be a
+// cycle the serial order lacks). An op locks its buffers in address order (no
+// deadlock) and records all its uses before any unlock, so ops sharing buffers
+// get one serial order and every wait points from a later op to an earlier one.
 //
-// Fast path. A buffer only one stream uses holds a word (mark, wrote,
-// stream) its uses update by compare-and-swap, lock-free; another stream
-// takes it over by swapping in 0 under the buffer's lock. A use is recorded
-// exactly when its swap succeeds, so a takeover sees it or it takes the
-// locked path, and no published mark is recorded again. An op losing a
-// buffer after publishing others (their takers follow it at its mark, its
-// fallback would follow them) ends its pass with an empty signal and records
-// all at the next mark; the abandoned mark's waiters get the work before it,
-// as the serial order has it.
+// Fast path. A buffer only one stream uses holds a word (mark, wrote, stream)
+// its uses update by compare-and-swap, lock-free; another stream takes it over
+// by swapping in 0 under the buffer's lock. A use is recorded exactly when its
+// swap succeeds, so a takeover sees it or it takes the locked path, and no
+// published mark is recorded again. An op losing a buffer after publishing
+// others (their takers follow it at its mark, its fallback would follow them)
+// ends its pass with an empty signal and records all at the next mark; the
+// abandoned mark's waiters get the work before it, as the serial order has it.
 //
 // Resolution, by UseSite:
 //   kBeforeEncoding (serial section, no encoder: graph ops at encode time,
