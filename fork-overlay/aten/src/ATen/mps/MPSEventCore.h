@@ -4,7 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <chrono>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,10 +52,7 @@ class StreamEvent {
   }
 
   void record(Stream& stream, bool commit) MPS_EXCLUDES(mu_) {
-    const uint64_t value = [&]() MPS_EXCLUDES(mu_) {
-      MutexLock lock(mu_);
-      return ++counter_;
-    }();
+    const uint64_t value = ++counter_;
     // Registered before the signal: notifyListener:atValue:block: documents
     // when a listener runs only for a value not yet reached.
     if (timing_) {
@@ -212,8 +209,8 @@ class StreamEvent {
   bool timing_;
   std::shared_ptr<Completion> state_;
 
+  std::atomic<uint64_t> counter_{0};
   mutable Mutex mu_;
-  uint64_t counter_ MPS_GUARDED_BY(mu_) = 0;
   Recorded recorded_ MPS_GUARDED_BY(mu_);
 };
 
