@@ -116,10 +116,7 @@ DependencyTracker::FastPath DependencyTracker::tryFastPath(
     if (seen != want) {
       if ((seen & BufferUses::kOwnerMask) != owner ||
           !word.compare_exchange_strong(
-              seen,
-              want,
-              std::memory_order_acq_rel,
-              std::memory_order_acquire)) {
+              seen, want, std::memory_order_acq_rel)) {
         return published ? FastPath::kPartlyRecorded : FastPath::kNotTaken;
       }
       published = true;
