@@ -150,8 +150,7 @@ inline uintptr_t threadWord() {
 // confused, and a thread exiting after its pool unregistered returns nothing.
 class TORCH_API StreamSlotPool {
  public:
-  // The returning thread calls `release_hook` with each lease's slot before
-  // the slot is offered again, so the owner can flush work left on it.
+  // A thread returning a lease runs `release_hook(slot)` before re-offering it.
   StreamSlotPool(
       StreamPoolOptions options,
       std::function<void(StreamIndex)> release_hook);
