@@ -52,7 +52,7 @@ class AllocatorBackend {
 };
 
 // Note [MPS allocator stream-cache lock]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Fast-path malloc and free lock one stream cache, mostly from its stream's
 // threads, for a few set operations (blocks carry their set nodes) that never
 // block, allocate or call out (bar gpuReferenced on rare release paths).
@@ -104,7 +104,7 @@ struct AllocatorStats {
 };
 
 // Note [MPS allocator cross-stream reuse]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A block records its allocation stream A and its uses (A plus every
 // recordStream() stream). free() takes, per used stream S, a fence
 // (S, pendingPoint(S)): the commit point carrying all work encoded on S so

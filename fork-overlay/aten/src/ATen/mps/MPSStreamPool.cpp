@@ -238,7 +238,7 @@ StreamSlotPool::~StreamSlotPool() {
 }
 
 // Note [MPS stream queries]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
 // A stream guard (c10's InlineStreamGuard: getStream, then exchangeStream) and
 // torch.mps.stream() query the current stream first, binding one on a fresh
 // thread that may never encode: autograd runs each MPS backward node on its own

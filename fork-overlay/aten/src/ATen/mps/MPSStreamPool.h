@@ -106,7 +106,7 @@ struct SlotCache {
 inline thread_local SlotCache tls_slot_cache = {0, -1, nullptr};
 
 // Note [MPS main thread lookup]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // In a shared library such as libtorch a thread_local read is a call
 // (__tls_get_addr on Linux, the TLV thunk on macOS), where the global stream
 // this pool replaced was a load. So the first main thread (is_main_thread)
@@ -221,6 +221,7 @@ class TORCH_API StreamSlotPool {
   CondVar slot_freed_;
   // Bit i set: worker slot i is free. The lowest is leased first.
   uint64_t free_slots_ MPS_GUARDED_BY(mu_);
+  static_assert(kStreamsPerPool < 64, "free_slots_ has a bit per slot");
 
   // Note [MPS main thread lookup]: the owner's threadWord(), or 0; main_key_
   // is it while main_stream_ is the owner's current stream here, else 0.
