@@ -184,7 +184,7 @@ void GlueTest::SetUp() {
 }
 
 void GlueTest::TearDown() {
-  at::mps::synchronizeAllMPSStreams();
+  at::mps::getMPSStreamPool().synchronizeAll();
   sim::metal::device().waitIdle();
   std::string reports;
   for (const std::string& report : sim::metal::device().hazards().reports()) {

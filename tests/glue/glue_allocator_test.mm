@@ -171,7 +171,7 @@ TEST_F(GlueTest, MemoryStatisticsFollowAllocationsAndEmptyCache) {
     glue::encodeIncrement(glue::bufferOf(data));
   }
   EXPECT_EQ(hooks.getCurrentAllocatedMemory(), before);
-  at::mps::synchronizeAllMPSStreams();
+  at::mps::getMPSStreamPool().synchronizeAll();
   hooks.emptyCache();
   EXPECT_EQ(hooks.getDriverAllocatedMemory(), 0u);
   EXPECT_GT(hooks.getRecommendedMaxMemory(), 0u);

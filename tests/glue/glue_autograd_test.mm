@@ -124,7 +124,7 @@ TEST_F(GlueTest, ThreadsSharingALeafAccumulateEveryGradient) {
       y.backward(glue::toMPS(at::ones({32}, at::kFloat)));
     }
   });
-  at::mps::synchronizeAllMPSStreams();
+  at::mps::getMPSStreamPool().synchronizeAll();
   glue::expectClose(glue::toCPU(w.grad()), at::full({32}, 2.0f * kThreads * kPasses), "w.grad");
   EXPECT_EQ(g_backwards.load(), kThreads * kPasses);
   EXPECT_EQ(g_off_forward_stream.load(), 0);

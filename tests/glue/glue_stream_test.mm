@@ -187,7 +187,7 @@ TEST_F(GlueTest, DeviceSynchronizeWaitsForWorkOtherThreadsEncodedBeforeIt) {
     finished.fetch_add(1);
   });
   checker.join();
-  at::mps::synchronizeAllMPSStreams(); // the kernels write `done`
+  at::mps::getMPSStreamPool().synchronizeAll(); // the kernels write `done`
 }
 
 // A command buffer that completes with an error: the next wait on its

@@ -125,7 +125,6 @@ class DependencyStream {
  public:
   explicit DependencyStream(StreamIndex index)
       : index_(index), writer_word_(BufferUses::soleWord(index, 0, true)) {}
-  virtual ~DependencyStream() = default;
   StreamIndex index() const {
     return index_;
   }
@@ -151,6 +150,7 @@ class DependencyStream {
   virtual void waitCompleted(uint64_t mark) = 0;
 
  protected:
+  ~DependencyStream() = default; // never deleted through this base
   void bindOpenMark(const std::atomic<uint64_t>& open_mark) {
     open_mark_ = &open_mark;
   }
