@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn as nn
 
-from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize, run_tests, TestCase
 from torch.utils._pytree import tree_map
 
 
@@ -140,15 +140,13 @@ class _StreamPoolTestCase(_DeviceTestCase):
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@instantiate_parametrized_tests
 class TestMPSParallelForward(_DeviceTestCase):
-    def _check_parallel(self, name):
+    @parametrize("name", list(MODELS), name_fn=str)  # one test per model: test_linear, ...
+    def test(self, name):
         for num_threads in (2, 4, 8, 16):
             with self.subTest(model=name, threads=num_threads):
                 _check_parallel_forward(name, num_threads, self.iters, self.device, seed=num_threads)
-
-
-for _name in MODELS:  # one test per model
-    setattr(TestMPSParallelForward, f"test_{_name}", lambda self, name=_name: self._check_parallel(name))
 
 
 class TestMPSCrossThread(_DeviceTestCase):
@@ -186,11 +184,10 @@ class TestMPSCrossThread(_DeviceTestCase):
         self.assertEqual(total.cpu(), torch.stack(ref).relu().sum(0) * 3, atol=1e-3, rtol=1e-4)
 
     def test_in_place_updates_across_threads(self):
-        # Each thread in turn updates the same tensor in place (write after write).
         x_cpu = torch.randn(512, 512)
         x = x_cpu.to(self.device, copy=True)
         for _ in range(6):
-            _Threads(lambda _: x.mul_(0.5).add_(1), 1).join()
+            _Threads(lambda _: x.mul_(0.5).add_(1), 1).join()  # each thread in turn writes after the last one's write
             x_cpu.mul_(0.5).add_(1)
         self.assertEqual(x.cpu(), x_cpu)
 
@@ -282,8 +279,7 @@ class TestMPSStreams(_StreamPoolTestCase):
         self.assertEqual(s.stream_id, 0)
 
     def test_concurrent_threads_get_distinct_streams(self):
-        n = 8
-        barrier = threading.Barrier(n, timeout=TIMEOUT)
+        barrier = threading.Barrier(8, timeout=TIMEOUT)
 
         def work(_):
             first = torch.mps.current_stream()
@@ -291,8 +287,8 @@ class TestMPSStreams(_StreamPoolTestCase):
             self.assertEqual(torch.mps.current_stream(), first)
             barrier.wait()  # all threads hold their streams at once
             return first.stream_id
-        ids = _Threads(work, n, barrier).join()
-        self.assertEqual(len(set(ids)), n, ids)
+        ids = _Threads(work, 8, barrier).join()
+        self.assertEqual(len(set(ids)), 8, ids)
         self.assertNotIn(0, ids)
 
     def test_release_current_thread_slot(self):
@@ -380,8 +376,7 @@ class TestMPSStreams(_StreamPoolTestCase):
     def test_event_record_on_one_stream_wait_on_another(self):
         x_cpu, w_cpu = torch.randn(1024, 1024), torch.randn(1024, 1024) / 32
         x, w = x_cpu.to("mps"), w_cpu.to("mps")
-        s1, s2 = torch.Stream(device="mps"), torch.Stream(device="mps")
-        event = torch.Event(device="mps")
+        s1, s2, event = torch.Stream(device="mps"), torch.Stream(device="mps"), torch.Event(device="mps")
         with torch.mps.stream(s1):
             a = _chain(x, w, 8)
         event.record(s1)
