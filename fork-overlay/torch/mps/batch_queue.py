@@ -81,15 +81,14 @@ def _signature(value):
 class BatchQueue:
     r"""Collects single-sample requests from many threads and runs them as batches.
 
-    Each input is one sample without a batch dimension. A daemon worker thread waits until ``max_batch``
-    samples are queued or the oldest waited ``max_wait_ms``, collates them (``torch.stack`` along a new dim 0
-    by default; tuples, lists and dicts field-wise), calls ``model(batch)`` once under :func:`torch.no_grad`
-    and resolves each future with its sample's views along dim 0 of the output's tensors. Inputs that cannot
-    be collated together (e.g. different shapes) run in separate batches.
+    Each input is one sample without a batch dimension. A daemon worker thread collates queued samples
+    (``torch.stack`` along a new dim 0 by default; tuples, lists and dicts field-wise), calls ``model(batch)``
+    once under :func:`torch.no_grad` and resolves each future with its sample's views along dim 0 of the
+    output's tensors. Inputs that cannot be collated together (e.g. different shapes) run in separate batches.
 
     Args:
         model (callable): takes a batch, returns a batch of the same size along dim 0.
-        max_batch (int): most samples per model call. Default: 8.
+        max_batch (int): most samples per model call; a full batch runs at once. Default: 8.
         max_wait_ms (float): how long the oldest queued sample waits for more samples before a batch runs. Default: 5.0.
         max_queue (int): number of waiting samples at which :meth:`submit` blocks. Default: 1024.
         device (torch.device or str, optional): where batches are moved for the model; outputs are not moved back.
@@ -99,8 +98,7 @@ class BatchQueue:
 
     Example::
 
-        >>> model = torch.nn.Linear(16, 4).eval()
-        >>> with BatchQueue(model, max_batch=32, max_wait_ms=2) as q:
+        >>> with BatchQueue(torch.nn.Linear(16, 4).eval(), max_batch=32, max_wait_ms=2) as q:
         ...     y = q.submit(torch.randn(16)).result()  # from any thread; shape (4,)
         ...     y2 = q(torch.randn(16))  # blocking form
     """
@@ -138,9 +136,8 @@ class BatchQueue:
     def submit(self, x, *, block=True, timeout=None):
         r"""Queues one sample ``x``; returns a :class:`concurrent.futures.Future` for its output or its batch's error.
 
-        When the queue is full, waits for room up to ``timeout`` seconds (forever if ``None``), or not
-        at all if ``block`` is ``False``, then raises :class:`BatchQueueFull` (a ``queue.Full`` and
-        ``TimeoutError``). Raises ``RuntimeError`` once the queue is closed."""
+        When the queue is full, waits for room up to ``timeout`` s (forever if ``None``, not at all unless ``block``),
+        then raises :class:`BatchQueueFull` (a ``queue.Full`` and ``TimeoutError``); ``RuntimeError`` once closed."""
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"BatchQueue: timeout must be a non-negative number or None, got {timeout!r}")
         future = concurrent.futures.Future()
@@ -165,11 +162,9 @@ class BatchQueue:
     def close(self, wait=True, cancel_pending=False):
         r"""Stops accepting samples; idempotent and thread-safe. ``wait`` blocks until the worker thread has
         exited; ``cancel_pending`` cancels the queued samples instead of running them (a running batch completes)."""
-        dropped = ()
         with self._lock:
             self._closed = True
-            if cancel_pending:
-                dropped, self._pending = self._pending, collections.deque()
+            dropped, self._pending = (self._pending, collections.deque()) if cancel_pending else ((), self._pending)
             self._not_empty.notify_all()
             self._not_full.notify_all()
         self._bump(cancelled=sum(item.future.cancel() for item in dropped))
@@ -192,26 +187,23 @@ class BatchQueue:
 
     # Worker side. Futures are set running before collation, so a caller can cancel only while its
     # sample is queued; afterwards exactly one of set_result / set_exception is called for it.
-    def _next_batch(self):
-        with self._lock:
-            self._not_empty.wait_for(lambda: self._pending or self._closed)
-            if not self._pending:
-                return None  # closed and drained
-            self._not_empty.wait_for(lambda: len(self._pending) >= self._max_batch or self._closed,
-                                     self._pending[0].arrival + self._max_wait - time.monotonic())
-            n = min(self._max_batch, len(self._pending))
-            items = [self._pending.popleft() for _ in range(n)]
-            self._not_full.notify(n)
-        live = [item for item in items if item.future.set_running_or_notify_cancel()]
-        self._bump(cancelled=n - len(live))
-        return live
-
     def _run(self):
         items = []
         try:
-            while (items := self._next_batch()) is not None:
-                if items:
-                    self._run_items(items)
+            while True:
+                with self._lock:
+                    self._not_empty.wait_for(lambda: self._pending or self._closed)
+                    if not self._pending:
+                        return  # closed and drained
+                    self._not_empty.wait_for(lambda: len(self._pending) >= self._max_batch or self._closed,
+                                             self._pending[0].arrival + self._max_wait - time.monotonic())
+                    n = min(self._max_batch, len(self._pending))
+                    items = [self._pending.popleft() for _ in range(n)]
+                    self._not_full.notify(n)
+                live = [item for item in items if item.future.set_running_or_notify_cancel()]
+                self._bump(cancelled=n - len(live))
+                if live:
+                    self._run_items(live)
         except BaseException as exc:  # never leave futures unresolved if the worker dies
             with self._lock:
                 self._closed = True
