@@ -216,6 +216,7 @@ class BatchQueue:
             raise
 
     def _run_items(self, items):
+        n, collate_error = len(items), None
         try:
             batch = self._collate([item.value for item in items])
         except Exception as exc:
@@ -226,12 +227,11 @@ class BatchQueue:
                 for group in groups.values():
                     self._run_items(group)
                 return
-            err = RuntimeError(f"BatchQueue: could not collate {len(items)} input(s) into a batch: "
-                               f"{type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-            return self._fail(items, err)
-        n = len(items)
+            collate_error = exc
         try:
+            if collate_error is not None:
+                raise RuntimeError(f"BatchQueue: could not collate {n} input(s) into a batch: "
+                                   f"{type(collate_error).__name__}: {collate_error}") from collate_error
             if self._device is not None:
                 batch = tree_map_only(torch.Tensor, lambda t: t.to(self._device), batch)
             self._bump(batches=1, batched_items=n)
@@ -241,15 +241,12 @@ class BatchQueue:
             if len(results) != n:
                 raise RuntimeError(f"BatchQueue: split returned {len(results)} results for a batch of {n} inputs")
         except BaseException as exc:
-            return self._fail(items, exc)
+            for item in items:
+                item.future.set_exception(exc)
+            return self._bump(failed=n)
         for item, result in zip(items, results):
             item.future.set_result(result)
         self._bump(completed=n)
-
-    def _fail(self, items, exc):
-        for item in items:
-            item.future.set_exception(exc)
-        self._bump(failed=len(items))
 
     def _bump(self, **deltas):
         with self._lock:
