@@ -592,14 +592,14 @@ def _child_fork(device):
     return {"message": message, "exitcode": proc.exitcode}
 
 
-def _child_parallel(device, threads=8):
-    r"""Every model of MODELS from ``threads`` threads; ``"ok"`` or the mismatch per model."""
+def _child_parallel(device, threads=8, names=MODELS, iters=4):
+    r"""Models ``names`` from ``threads`` threads; ``"ok"``, the mismatch or the error per model."""
     result = {}
-    for name in MODELS:
+    for name in names:
         try:
-            _check_parallel_forward(name, threads, 4, device)
+            _check_parallel_forward(name, threads, iters, device)
             result[name] = "ok"
-        except AssertionError as exc:
+        except (AssertionError, RuntimeError) as exc:  # a mismatch, or an error from a thread or from here
             result[name] = str(exc)
     return result
 
@@ -625,13 +625,9 @@ def _child_outputs(device, out):
 
 
 def _child_graph_probe(device):
-    r"""A Linear and a LayerNorm forward, the ops that read MPS_FORCE_GRAPH_PATH: ``"ok"``, or what failed."""
-    try:
-        for name in ("linear", "layer_norm"):
-            _check_parallel_forward(name, 1, 1, device)
-        return {"outcome": "ok"}
-    except (AssertionError, RuntimeError) as exc:  # a mismatch, or an error from a thread or from here
-        return {"outcome": str(exc)}
+    r"""A Linear and a LayerNorm forward, the ops that read MPS_FORCE_GRAPH_PATH: ``"ok"``, or what failed first."""
+    outcomes = _child_parallel(device, 1, ("linear", "layer_norm"), 1).values()
+    return {"outcome": next((o for o in outcomes if o != "ok"), "ok")}
 
 
 def _child_main(argv):
