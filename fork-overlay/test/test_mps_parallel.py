@@ -1,7 +1,6 @@
 # Owner(s): ["module: mps"]
-r"""Tests for MPS work from many threads at once (the MPS stream pool), against CPU references. Environment variables
-and fork are checked in child processes (``--mps-child SCENARIO``): the pool reads its environment once per process.
-Classes take the device from ``device``, so threading runs on CPU too."""
+r"""MPS work from many threads at once (the MPS stream pool) against CPU references; environment variables and fork in
+child processes (``--mps-child SCENARIO``), as the pool reads them once. Thread tests run on CPU too (``device``)."""
 
 import copy
 import json

@@ -1,6 +1,5 @@
-r"""Dynamic batching for inference requests from many threads. A thread that runs a model on its own pays the launch,
-commit and synchronization cost for little arithmetic, and many such threads contend for the GPU. :class:`BatchQueue`
-runs the samples that threads submit as one batch on a worker thread: one large command buffer instead of many small."""
+r"""Dynamic batching: :class:`BatchQueue` runs the samples of many threads as one batch (one command buffer) on a worker
+thread, so no thread pays launch, commit and synchronization costs for little arithmetic or contends for the GPU."""
 
 import collections
 import concurrent.futures
