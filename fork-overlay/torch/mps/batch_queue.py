@@ -266,4 +266,4 @@ def batch_inference(model, inputs, *, max_batch=8, max_wait_ms=5.0, num_threads=
     num_threads = _check_int("num_threads", min(32, max(1, len(inputs))) if num_threads is None else num_threads)
     with (BatchQueue(model, max_batch=max_batch, max_wait_ms=max_wait_ms, device=device, name="batch_inference") as q,
           concurrent.futures.ThreadPoolExecutor(num_threads, thread_name_prefix="batch_inference") as pool):
-        return [f.result() for f in pool.map(q.submit, inputs)]
+        return [f.result() for f in list(pool.map(q.submit, inputs))]  # every sample queued before any result is read
