@@ -107,14 +107,6 @@ PoolRegistry& registry() {
 
 using detail::tls_slot_cache;
 
-// Held across fork(), so that the child finds it free and every pool whole.
-void lockRegistry() MPS_NO_THREAD_SAFETY_ANALYSIS {
-  registry().mu.lock();
-}
-void unlockRegistry() MPS_NO_THREAD_SAFETY_ANALYSIS {
-  registry().mu.unlock();
-}
-
 } // namespace
 
 // All SlotCache writes go here; see Note [MPS main thread lookup].
@@ -125,23 +117,6 @@ void StreamSlotPool::setSlotCache(const detail::SlotCache& cache) {
     main_key_.store(
         cache.stream != nullptr ? detail::threadWord() : 0,
         std::memory_order_relaxed);
-  }
-}
-
-// The acquire pairs with releaseMainCache() at the previous owner's exit,
-// ordering that owner's writes to the copy before this claim's and its owner's.
-void StreamSlotPool::claimMainCache() {
-  uintptr_t none = 0;
-  if (detail::kThreadWordKnown) {
-    main_owner_.compare_exchange_strong(
-        none, detail::threadWord(), std::memory_order_acquire);
-  }
-}
-
-void StreamSlotPool::releaseMainCache() {
-  if (ownsMainCache()) {
-    main_key_.store(0, std::memory_order_relaxed);
-    main_owner_.store(0, std::memory_order_release);
   }
 }
 
@@ -157,7 +132,7 @@ void StreamSlotPool::onForkChild() MPS_NO_THREAD_SAFETY_ANALYSIS {
     entry.second->main_key_.store(0, std::memory_order_relaxed);
     entry.second->main_owner_.store(0, std::memory_order_relaxed);
   }
-  unlockRegistry();
+  registry().mu.unlock();
 }
 
 // This thread's binding to each pool it used; see Note [MPS current stream].
@@ -191,8 +166,7 @@ struct ThreadBindings {
   ~ThreadBindings() {
     auto& reg = registry();
     for (const auto& b : bindings) {
-      // In a fork child, leave the parent's pools: the release hook would
-      // drive Metal.
+      // A fork child leaves the parent's pools: their hook would drive Metal.
       if (StreamSlotPool::forkedSince(b.fork_generation)) {
         continue;
       }
@@ -200,7 +174,10 @@ struct ThreadBindings {
       MutexLock lock(reg.mu);
       auto it = reg.pools.find(b.pool_id);
       if (it != reg.pools.end()) {
-        it->second->releaseMainCache();
+        if (it->second->ownsMainCache()) { // give the claim up
+          it->second->main_key_.store(0, std::memory_order_relaxed);
+          it->second->main_owner_.store(0, std::memory_order_release);
+        }
         if (b.leased >= 0) {
           it->second->returnSlot(b.leased);
         }
@@ -222,8 +199,13 @@ StreamSlotPool::StreamSlotPool(
         return reg.next_id++;
       }()),
       fork_generation_([] {
+        // The registry lock is held across fork(), so that the child finds it
+        // free and every pool whole.
         static const bool registered =
-            pthread_atfork(lockRegistry, unlockRegistry, onForkChild) == 0;
+            pthread_atfork(
+                []() MPS_NO_THREAD_SAFETY_ANALYSIS { registry().mu.lock(); },
+                []() MPS_NO_THREAD_SAFETY_ANALYSIS { registry().mu.unlock(); },
+                onForkChild) == 0;
         TORCH_CHECK(registered, "MPS stream pool: pthread_atfork failed");
         return fork_generation_counter_.load(std::memory_order_relaxed);
       }()),
@@ -254,7 +236,11 @@ StreamIndex StreamSlotPool::currentIndexSlow(bool query) {
   if (b.current < 0 || (!query && b.unsettled())) {
     if (options_.is_main_thread()) {
       b.current = kDefaultStreamIndex;
-      claimMainCache();
+      // Claims a free pool: the acquire pairs with the previous owner's
+      // release at exit, ordering its writes to the copy before this owner's.
+      uintptr_t none = 0;
+      main_owner_.compare_exchange_strong(
+          none, detail::threadWord(), std::memory_order_acquire);
     } else {
       const StreamIndex leased =
           acquireWorkerSlot(query ? ExhaustionConfig{} : options_.exhaustion);
@@ -330,12 +316,6 @@ StreamIndex StreamSlotPool::exchangeCurrentIndex(StreamIndex index) {
       b.unsettled() ? detail::SlotCache{0, -1, nullptr}
                     : detail::SlotCache{id_, index, nullptr});
   return previous;
-}
-
-void StreamSlotPool::cacheStream(StreamIndex index, void* stream) {
-  if (tls_slot_cache.pool_id == id_ && tls_slot_cache.current == index) {
-    setSlotCache({id_, index, stream});
-  }
 }
 
 StreamIndex StreamSlotPool::nextPoolIndex() {

@@ -89,7 +89,6 @@ TORCH_API bool isProcessMainThread();
 
 struct StreamPoolOptions {
   ExhaustionConfig exhaustion;
-  // Which thread starts on the default stream.
   std::function<bool()> is_main_thread = isProcessMainThread;
 
   static StreamPoolOptions fromEnvironment();
@@ -101,7 +100,7 @@ namespace detail {
 struct SlotCache {
   uint64_t pool_id;
   int current; // StreamIndex; -1: no binding
-  void* stream; // null until StreamSlotPool::cacheStream(), if the rest match
+  void* stream; // null until StreamPool::currentStreamSlow() sets it
 };
 inline thread_local SlotCache tls_slot_cache = {0, -1, nullptr};
 
@@ -117,8 +116,7 @@ inline thread_local SlotCache tls_slot_cache = {0, -1, nullptr};
 //   others only compare the key (atomic: compilers may load speculatively).
 // - The owner gives its claims up at exit, before its thread pointer can be
 //   reused (a thread's exit precedes the creation of one reusing it); the
-//   fork child handler clears every pool's. Without kThreadWordKnown, no
-//   pool is claimed.
+//   fork child handler clears every pool's.
 #if defined(__APPLE__) && defined(__aarch64__)
 constexpr bool kThreadWordKnown = true;
 // The TSD base; the low 3 bits may hold the CPU (xnu's _os_tsd_get_base).
@@ -135,7 +133,7 @@ inline uintptr_t threadWord() {
 #else
 constexpr bool kThreadWordKnown = false;
 inline uintptr_t threadWord() {
-  return 0;
+  return 0; // so no pool is claimed
 }
 #endif
 } // namespace detail
@@ -176,8 +174,6 @@ class TORCH_API StreamSlotPool {
 
   bool currentThreadHoldsLease() const;
 
-  void cacheStream(StreamIndex index, void* stream);
-
   // Raises in a child forked after this pool was made; see onForkChild().
   void checkNotForked() const {
     TORCH_CHECK(
@@ -205,8 +201,6 @@ class TORCH_API StreamSlotPool {
     return detail::kThreadWordKnown &&
         main_owner_.load(std::memory_order_relaxed) == detail::threadWord();
   }
-  void claimMainCache();
-  void releaseMainCache();
   // The leased slot; -1 when none is free and `cfg` shares a stream instead.
   StreamIndex acquireWorkerSlot(const ExhaustionConfig& cfg) MPS_EXCLUDES(mu_);
   void returnSlot(StreamIndex index) MPS_EXCLUDES(mu_);
@@ -223,8 +217,7 @@ class TORCH_API StreamSlotPool {
   uint64_t free_slots_ MPS_GUARDED_BY(mu_);
   static_assert(kStreamsPerPool < 64, "free_slots_ has a bit per slot");
 
-  // Note [MPS main thread lookup]: the owner's threadWord(), or 0; main_key_
-  // is it while main_stream_ is the owner's current stream here, else 0.
+  // Note [MPS main thread lookup]; 0: unclaimed, or no copy (main_key_).
   std::atomic<uintptr_t> main_owner_{0};
   std::atomic<uintptr_t> main_key_{0};
   std::atomic<void*> main_stream_{nullptr};
@@ -301,7 +294,10 @@ class StreamPool {
   C10_NOINLINE StreamT& currentStreamSlow(bool query) {
     const StreamIndex index = slots_.currentIndex(query);
     StreamT& s = stream(index);
-    slots_.cacheStream(index, &s);
+    const detail::SlotCache& c = detail::tls_slot_cache;
+    if (c.pool_id == slots_.id_ && c.current == index) {
+      slots_.setSlotCache({slots_.id_, index, &s});
+    }
     return s;
   }
 
