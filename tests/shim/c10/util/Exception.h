@@ -4,6 +4,9 @@
 // MPS pool files use. Messages are built the way c10::str builds them, so
 // tests can match on the text a PyTorch user would see.
 
+#include <c10/macros/Export.h> // both included as v2.9.1's header does
+#include <c10/macros/Macros.h>
+
 #include <sstream>
 #include <stdexcept>
 #include <string>

@@ -59,11 +59,10 @@ inline bool resolveCommitAndContinue(StreamIndex index, const char* env_value) {
 // GPU signal of the stream's timeline event at the next pass mark, awaited
 // by other streams (Note [MPS cross-stream dependencies]).
 //
-// Ops must provide (Queue, Buffer, Encoder: copyable handles; what make*()
-// returns is owned by the caller):
+// Ops provides copyable handles Queue, Buffer and Encoder (the caller owns
+// what make*() returns) and:
 //   Buffer makeBuffer(const Queue&); Encoder makeComputeEncoder(Buffer);
-//   void endEncoding(Encoder);                  ends and releases it
-//   void commit(Buffer);                        commits and releases it
+//   void endEncoding(Encoder); void commit(Buffer); each releases its handle
 //   void commitAndContinue(Buffer);             commits the root, stays open
 //   void addCompletedHandler(Buffer, CompletionHandler);  on the open root
 //   void signalTimeline(Buffer, uint64_t mark); no encoder open

@@ -105,13 +105,11 @@ PoolRegistry& registry() {
   return *instance;
 }
 
-using detail::tls_slot_cache;
-
 } // namespace
 
 // All SlotCache writes go here; see Note [MPS main thread lookup].
 void StreamSlotPool::setSlotCache(const detail::SlotCache& cache) {
-  tls_slot_cache = cache;
+  detail::tls_slot_cache = cache;
   if (ownsMainCache()) {
     main_stream_.store(cache.stream, std::memory_order_relaxed);
     main_key_.store(
@@ -127,7 +125,7 @@ std::atomic<uint64_t> StreamSlotPool::fork_generation_counter_{0};
 // only thread sends its next currentIndex() through the checked slow path.
 void StreamSlotPool::onForkChild() MPS_NO_THREAD_SAFETY_ANALYSIS {
   fork_generation_counter_.fetch_add(1, std::memory_order_relaxed);
-  tls_slot_cache = {0, -1, nullptr};
+  detail::tls_slot_cache = {0, -1, nullptr};
   for (const auto& entry : registry().pools) {
     entry.second->main_key_.store(0, std::memory_order_relaxed);
     entry.second->main_owner_.store(0, std::memory_order_relaxed);
@@ -183,7 +181,7 @@ struct ThreadBindings {
         }
       }
     }
-    tls_slot_cache = {0, -1, nullptr};
+    detail::tls_slot_cache = {0, -1, nullptr};
   }
 };
 
@@ -341,7 +339,7 @@ void StreamSlotPool::releaseCurrentThreadSlot() {
       b.leased,
       ")");
   b.current = -1;
-  if (tls_slot_cache.pool_id == id_) {
+  if (detail::tls_slot_cache.pool_id == id_) {
     setSlotCache({0, -1, nullptr});
   }
   returnSlot(std::exchange(b.leased, -1));

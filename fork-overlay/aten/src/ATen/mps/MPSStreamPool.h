@@ -1,8 +1,6 @@
 #pragma once
 
 #include <ATen/mps/MPSThreadAnnotations.h>
-#include <c10/macros/Export.h>
-#include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 
 #include <array>

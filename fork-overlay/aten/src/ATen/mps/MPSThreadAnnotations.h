@@ -47,8 +47,7 @@ class MPS_THREAD_ANNOTATION(scoped_lockable) ScopedLock {
   ~ScopedLock() MPS_RELEASE() {
     lock_.unlock();
   }
-  ScopedLock(const ScopedLock&) = delete;
-  ScopedLock& operator=(const ScopedLock&) = delete;
+  ScopedLock(const ScopedLock&) = delete; // lock_ forbids assignment
 
  private:
   Lock& lock_;
