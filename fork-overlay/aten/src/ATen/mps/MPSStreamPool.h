@@ -79,8 +79,7 @@ struct ExhaustionConfig {
   std::chrono::milliseconds timeout{0}; // kWaitTimeout's wait; kThrow: 0
 };
 
-// Parses MPS_STREAM_POOL_WAIT_TIMEOUT_MS (nullptr or "": unset): a decimal
-// integer >= -1 that fits in 32 bits, else an error naming the accepted forms.
+// nullptr or "": unset; else a decimal int32 >= -1 (raises otherwise).
 TORCH_API ExhaustionConfig parseExhaustionConfig(const char* value);
 
 TORCH_API bool isProcessMainThread();
