@@ -27,13 +27,11 @@ namespace at::mps {
 // work, as in CUDA. Notification callbacks (timing, synchronize) hold only
 // the shared completion state, never the (possibly re-pooled) event.
 //
-// Backend provides (each encode/commit enters the stream's serial section):
-//   using Stream; using Handle;  (the shared event, owned by the event)
-//   Handle makeEvent(); void releaseEvent(const Handle&);
-//   uint64_t signaledValue(const Handle&); static uint64_t nowNs();
-//   void encode(Stream&, const Handle&, uint64_t value, bool wait);
-//   void commit(Stream&);  (synchronize(COMMIT))
-//   void notify(const Handle&, uint64_t value, std::function<void()>);
+// Backend provides types Stream and Handle (the shared event, owned by the
+// event), makeEvent(), releaseEvent(h), uint64_t signaledValue(h), static
+// uint64_t nowNs(), notify(h, value, std::function<void()>), and, entering the
+// stream's serial section, encode(stream, h, value, bool wait) and
+// commit(stream) (synchronize(COMMIT)).
 template <typename Backend>
 class StreamEvent {
  public:
