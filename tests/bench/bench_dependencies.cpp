@@ -52,7 +52,7 @@ struct Pipeline {
     producer->serial([&](sim::Lifecycle& lc) {
       if (tracked) {
         const at::mps::DependencyTracker::Use use{item.uses, Access::kWrite};
-        tracker.use(*producer, &use, 1, UseSite::kBeforeEncoding);
+        tracker.use(*producer, use, UseSite::kBeforeEncoding);
       }
       lc.commandEncoder()->dispatch(
           {{{item.buf, sim::Access::kWrite}}, nullptr});
@@ -65,7 +65,7 @@ struct Pipeline {
       if (tracked) {
         const at::mps::DependencyTracker::Use uses[] = {
             {item.uses, Access::kRead}, {out.uses, Access::kWrite}};
-        tracker.use(*consumer, uses, 2, UseSite::kBeforeEncoding);
+        tracker.use(*consumer, uses, UseSite::kBeforeEncoding);
       }
       lc.commandEncoder()->dispatch(
           {{{item.buf, sim::Access::kRead}, {out.buf, sim::Access::kWrite}},

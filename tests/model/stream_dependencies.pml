@@ -530,7 +530,7 @@ inline use_before_encoding(s) {
      record(s, ub[0], ua[0], m, 0);
      if :: ub[1] != NONE_B -> record(s, ub[1], ua[1], m, 1) :: else -> skip fi;
      atomic { unlock_all(); own = 0; p = 0 };
-     /* resolve, first loop: every mark to wait for on the GPU committed */
+     /* use()'s resolution, first loop: every mark to wait for on the GPU committed */
      do
      :: atomic {
           p < NS && !(need[p] != 0 && ev[p] < need[p] && committed_mark[p] < need[p]) -> p++

@@ -86,7 +86,7 @@ class DependencyTest : public SimTest {
       at::mps::Access access,
       at::mps::UseSite site) {
     const at::mps::DependencyTracker::Use one{&buffer, access};
-    tracker_->use(s, &one, 1, site);
+    tracker_->use(s, one, site);
   }
   // The tracker's waits over all streams, by kind (sim::SimStream::Waits).
   uint64_t waits(std::atomic<uint64_t> sim::SimStream::Waits::*kind) const {
@@ -165,7 +165,7 @@ class DependencyTest : public SimTest {
           uses.push_back({&in->uses, at::mps::Access::kRead});
         }
         uses.push_back({&out->uses, at::mps::Access::kWrite});
-        tracker_->use(s, uses.data(), uses.size(), site);
+        tracker_->use(s, uses, site);
       }
       if (!enc) {
         enc = lc.commandEncoder();

@@ -22,11 +22,6 @@ static constexpr uint64_t pointOf(uint64_t packed) {
   return packed / kStreamsPerPool;
 }
 
-uint64_t BufferUseTable::nextId() {
-  static std::atomic<uint64_t> next{1};
-  return next.fetch_add(1, std::memory_order_relaxed);
-}
-
 BufferUses& BufferUseTable::getSlow(const void* key) {
   Shard& shard = shards_[detail::hashBufferKey(key) % kShards];
   MutexLock lock(shard.mu);
@@ -40,15 +35,14 @@ BufferUses& BufferUseTable::getSlow(const void* key) {
 // Escape hatch: the analysis cannot express a per-op number of locks.
 void DependencyTracker::use(
     DependencyStream& consumer,
-    const Use* uses,
-    size_t count,
+    c10::ArrayRef<Use> uses,
     UseSite site) MPS_NO_THREAD_SAFETY_ANALYSIS {
   const StreamIndex me = consumer.index();
   if (site == UseSite::kBeforeEncoding) {
     consumer.closePass(/*signal_if_empty=*/false); // the op gets its own mark
   }
   uint64_t mark = consumer.openMark();
-  const FastPath fast = tryFastPath(me, mark, uses, count);
+  const FastPath fast = tryFastPath(me, mark, uses);
   if (fast == FastPath::kRecorded) {
     return;
   }
@@ -60,8 +54,8 @@ void DependencyTracker::use(
 
   // Two-phase locking in address order; see "Record" in the Note.
   std::vector<BufferUses*> locked;
-  for (size_t i = 0; i < count; ++i) {
-    locked.push_back(uses[i].buffer);
+  for (const Use& u : uses) {
+    locked.push_back(u.buffer);
   }
   std::sort(locked.begin(), locked.end());
   locked.erase(std::unique(locked.begin(), locked.end()), locked.end());
@@ -69,8 +63,8 @@ void DependencyTracker::use(
   for (BufferUses* b : locked) {
     b->mu_.lock();
   }
-  for (size_t i = 0; i < count; ++i) {
-    record(me, mark, uses[i], needs);
+  for (const Use& u : uses) {
+    record(me, mark, u, needs);
   }
   for (BufferUses* b : locked) {
     b->mu_.unlock();
@@ -78,17 +72,55 @@ void DependencyTracker::use(
 
   // Resolve outside the buffers' locks: waiting here must never block another
   // stream that only wants to record a use.
-  resolve(consumer, needs, site);
-}
-
-void DependencyTracker::useInPassSlow(
-    DependencyStream& consumer,
-    BufferUseTable& table,
-    const void* key,
-    Access access) {
-  const Use one{&table.get(key), access};
-  hookEntry(consumer, key).store(one.buffer, std::memory_order_release);
-  use(consumer, &one, 1, UseSite::kInPass);
+  bool committed_own = false;
+  for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+    DependencyStream* producer = streams_[s].load(std::memory_order_acquire);
+    if (needs[s] == 0 || producer->completedMark() >= needs[s]) {
+      continue;
+    }
+    const bool committed = producer->committedMark() >= needs[s];
+    if (!committed) {
+      if (site == UseSite::kBeforeEncoding && !committed_own) {
+        consumer.commitOpen();
+        committed_own = true;
+      }
+      producer->flushAsync(needs[s]);
+    }
+    // Progress rule 1: only committed marks are waited for on the GPU.
+    if (site == UseSite::kBeforeEncoding && committed) {
+      continue;
+    }
+    // Published while blocked, for waitsForItself().
+    waiting_on_[me].store(pack(s, needs[s]), std::memory_order_seq_cst);
+    const auto unpublish = c10::make_scope_exit(
+        [&] { waiting_on_[me].store(0, std::memory_order_seq_cst); });
+    TORCH_CHECK(
+        !waitsForItself(me, s, needs[s]),
+        "MPS stream ",
+        me,
+        " and stream ",
+        s,
+        " each need work the other has not submitted, and one of them is "
+        "encoding a Metal kernel that reads a buffer the other one is "
+        "still writing, so neither can go first. Order the two threads "
+        "(torch.mps.synchronize(), an Event, or Stream.wait_stream) or let "
+        "one finish before the other uses its outputs.");
+    if (site == UseSite::kInPass) {
+      producer->waitCompleted(needs[s]);
+    } else {
+      producer->waitCommitted(needs[s]);
+    }
+  }
+  if (site == UseSite::kInPass) {
+    return;
+  }
+  // Every mark is committed now; the waits join the op's (still empty) pass.
+  for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
+    DependencyStream* producer = streams_[s].load(std::memory_order_acquire);
+    if (needs[s] != 0 && producer->completedMark() < needs[s]) {
+      consumer.encodeWait(*producer, needs[s]);
+    }
+  }
 }
 
 // kInPass ops of several buffers never take it: their pass is open, so a
@@ -96,18 +128,17 @@ void DependencyTracker::useInPassSlow(
 DependencyTracker::FastPath DependencyTracker::tryFastPath(
     StreamIndex me,
     uint64_t mark,
-    const Use* uses,
-    size_t count) {
+    c10::ArrayRef<Use> uses) {
   const uint64_t owner = static_cast<uint64_t>(me) + 1;
-  for (size_t i = 0; i < count; ++i) {
-    const uint64_t seen = uses[i].buffer->sole_.load(std::memory_order_acquire);
+  for (const Use& u : uses) {
+    const uint64_t seen = u.buffer->sole_.load(std::memory_order_acquire);
     if ((seen & BufferUses::kOwnerMask) != owner ||
-        (uses[i].access == Access::kWrite && !(seen & BufferUses::kWroteBit))) {
+        (u.access == Access::kWrite && !(seen & BufferUses::kWroteBit))) {
       return FastPath::kNotTaken;
     }
   }
   bool published = false;
-  for (size_t i = 0; i < count; ++i) {
+  for (size_t i = 0; i < uses.size(); ++i) {
     std::atomic<uint64_t>& word = uses[i].buffer->sole_;
     uint64_t seen = word.load(std::memory_order_acquire);
     const uint64_t want = (mark << BufferUses::kMarkShift) |
@@ -186,62 +217,6 @@ void DependencyTracker::record(
     buffer.last_write_ = 0;
     buffer.reads_[me] = 0;
     buffer.sole_.store(word, std::memory_order_release);
-  }
-}
-
-void DependencyTracker::resolve(
-    DependencyStream& consumer,
-    const Needs& needs,
-    UseSite site) {
-  const StreamIndex me = consumer.index();
-  bool committed_own = false;
-  for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
-    DependencyStream* producer = streams_[s].load(std::memory_order_acquire);
-    if (needs[s] == 0 || producer->completedMark() >= needs[s]) {
-      continue;
-    }
-    const bool committed = producer->committedMark() >= needs[s];
-    if (!committed) {
-      if (site == UseSite::kBeforeEncoding && !committed_own) {
-        consumer.commitOpen();
-        committed_own = true;
-      }
-      producer->flushAsync(needs[s]);
-    }
-    // Progress rule 1: only committed marks are waited for on the GPU.
-    if (site == UseSite::kBeforeEncoding && committed) {
-      continue;
-    }
-    // Published while blocked, for waitsForItself().
-    waiting_on_[me].store(pack(s, needs[s]), std::memory_order_seq_cst);
-    const auto unpublish = c10::make_scope_exit(
-        [&] { waiting_on_[me].store(0, std::memory_order_seq_cst); });
-    TORCH_CHECK(
-        !waitsForItself(me, s, needs[s]),
-        "MPS stream ",
-        me,
-        " and stream ",
-        s,
-        " each need work the other has not submitted, and one of them is "
-        "encoding a Metal kernel that reads a buffer the other one is "
-        "still writing, so neither can go first. Order the two threads "
-        "(torch.mps.synchronize(), an Event, or Stream.wait_stream) or let "
-        "one finish before the other uses its outputs.");
-    if (site == UseSite::kInPass) {
-      producer->waitCompleted(needs[s]);
-    } else {
-      producer->waitCommitted(needs[s]);
-    }
-  }
-  if (site == UseSite::kInPass) {
-    return;
-  }
-  // Every mark is committed now; the waits join the op's (still empty) pass.
-  for (StreamIndex s = 0; s < kStreamsPerPool; ++s) {
-    DependencyStream* producer = streams_[s].load(std::memory_order_acquire);
-    if (needs[s] != 0 && producer->completedMark() < needs[s]) {
-      consumer.encodeWait(*producer, needs[s]);
-    }
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/mps/MPSStreamPool.h>
 #include <ATen/mps/MPSThreadAnnotations.h>
+#include <c10/util/ArrayRef.h>
 
 #include <unordered_map>
 
@@ -37,14 +38,12 @@ namespace at::mps {
 // ends its pass with an empty signal and records all at the next mark; the
 // abandoned mark's waiters get the work before it, as the serial order has it.
 //
-// Resolution, by UseSite:
-//   kBeforeEncoding (serial section, no encoder: graph ops at encode time,
-//     copies): the consumer's pass ends for a fresh mark, then a GPU wait is
-//     encoded per producer mark not completed.
-//   kInPass (encoder held: custom Metal kernels): no event wait fits in a
-//     pass, so the thread waits on the CPU for the producer's mark.
-// Host reads (.cpu(), .item()) are kBeforeEncoding copies, then a wait for
-// the reading thread's stream alone.
+// Resolution, by UseSite. kBeforeEncoding (serial section, no encoder: graph
+// ops at encode time, copies): the consumer's pass ends for a fresh mark, then
+// a GPU wait is encoded per producer mark not completed. kInPass (encoder
+// held: custom Metal kernels): no event wait fits in a pass, so the thread
+// waits on the CPU for the producer's mark. Host reads (.cpu(), .item()) are
+// kBeforeEncoding copies, then a wait for the reading thread's stream alone.
 //
 // Progress. The GPU never depends on a CPU thread:
 //   1. GPU waits are only for committed marks (committedMark()); otherwise
@@ -200,8 +199,8 @@ class TORCH_API BufferUseTable {
   };
   friend class DependencyTracker;
   BufferUses& getSlow(const void* key);
-  const uint64_t id_ = nextId();
-  static uint64_t nextId();
+  static inline std::atomic<uint64_t> next_id_{1};
+  const uint64_t id_ = next_id_.fetch_add(1, std::memory_order_relaxed);
   std::array<Shard, kShards> shards_;
 };
 
@@ -219,11 +218,7 @@ class TORCH_API DependencyTracker {
 
   // Orders one op's uses after conflicting earlier ones, then records them at
   // one mark (one pass); the caller holds `consumer`'s serial section.
-  void use(
-      DependencyStream& consumer,
-      const Use* uses,
-      size_t count,
-      UseSite site);
+  void use(DependencyStream& consumer, c10::ArrayRef<Use> uses, UseSite site);
 
   // The per-kernel hook: a kInPass use of `key`'s buffer in `table`. Inline
   // (a cache lookup, one load) if the pass already recorded it, as coalesced
@@ -269,16 +264,15 @@ class TORCH_API DependencyTracker {
       DependencyStream& consumer,
       BufferUseTable& table,
       const void* key,
-      Access access);
+      Access access) {
+    const Use one{&table.get(key), access};
+    hookEntry(consumer, key).store(one.buffer, std::memory_order_release);
+    use(consumer, one, UseSite::kInPass);
+  }
   enum class FastPath : uint8_t { kRecorded, kNotTaken, kPartlyRecorded };
-  FastPath tryFastPath(
-      StreamIndex me,
-      uint64_t mark,
-      const Use* uses,
-      size_t count);
+  FastPath tryFastPath(StreamIndex me, uint64_t mark, c10::ArrayRef<Use> uses);
   // Records one use (buffer locked); adds what it must wait for to `needs`.
   void record(StreamIndex me, uint64_t mark, const Use& use, Needs& needs);
-  void resolve(DependencyStream& consumer, const Needs& needs, UseSite site);
   bool waitsForItself(StreamIndex me, StreamIndex s, uint64_t m) const;
 
   std::array<std::atomic<DependencyStream*>, kStreamsPerPool> streams_{};
