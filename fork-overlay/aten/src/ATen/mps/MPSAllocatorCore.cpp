@@ -9,12 +9,12 @@ namespace at::mps {
 // Note [MPS allocator locking]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // No global lock. Pool::mu guards a pool's free set and pending fences and
-// serialises its backend allocations and releases; StreamCache::mu (a
-// CacheLock) one stream's cached blocks; Shard::mu a shard of the pointer ->
-// block table and those blocks' owner-visible state (uses, active flag, backend
-// payload). Order: Pool::mu, StreamCache::mu, Shard::mu (MPS_ACQUIRED_BEFORE,
-// checked by -Wthread-safety-beta). Today no path holds two: a block leaves one
-// lock's container and enters the next's, owned by the mover in between.
+// serialises its backend allocations and releases; StreamCache::mu one stream's
+// cached blocks; Shard::mu a shard of the pointer -> block table and those
+// blocks' owner-visible state (uses, active flag, backend payload). Order:
+// Pool::mu, StreamCache::mu, Shard::mu (MPS_ACQUIRED_BEFORE, checked by
+// -Wthread-safety-beta). Today no path holds two: a block leaves one lock's
+// container and enters the next's, owned by the mover in between.
 // StreamTimelines is never called under an allocator lock: stream calls may
 // take stream locks or wait for the GPU, and completion handlers take pool
 // locks, so that could deadlock. Backend calls run under allocator locks
@@ -28,8 +28,7 @@ namespace at::mps {
 //    and `uses` before the user sees the pointer; then `uses` and the backend
 //    payload change only under the shard mutex (recordStream, LockedBuffer),
 //    which free() also takes.
-//  - cached (stream cache, free set or pending fences): that container,
-//    under its mutex (`fence`, `cached_at`, `outstanding`).
+//  - cached (stream cache, free set or pending fences): that container's lock.
 //  - in transit: the moving thread.
 // `active` is a relaxed atomic so a double free is diagnosed race-free.
 
@@ -113,25 +112,22 @@ CachingAllocatorCore::CachingAllocatorCore(
     std::vector<AllocatorPoolOptions> pools)
     : backend_(backend), timelines_(timelines) {
   TORCH_CHECK(!pools.empty(), "CachingAllocatorCore: `pools` is empty");
-  for (size_t i = 0; i < pools.size(); ++i) {
-    pools_.push_back(
-        std::make_unique<Pool>(static_cast<int>(i), std::move(pools[i])));
+  for (int i = 0; i < static_cast<int>(pools.size()); ++i) {
+    pools_.push_back(std::make_unique<Pool>(i, std::move(pools[i])));
   }
 }
 
 CachingAllocatorCore::~CachingAllocatorCore() {
-  std::vector<std::vector<Block*>> idle(pools_.size());
+  std::vector<Block*> idle;
   for (auto& shard : shards_) {
     MutexLock lock(shard.mu);
     for (auto& [key, b] : shard.blocks) {
       if (!b->active.load(std::memory_order_relaxed)) {
-        idle[b->pool].push_back(b);
+        idle.push_back(b);
       }
     }
   }
-  for (auto& p : pools_) {
-    releaseBlocks(*p, idle[p->index]);
-  }
+  releaseBlocks(idle);
 }
 
 void* CachingAllocatorCore::malloc(int pool, size_t size, StreamIndex stream) {
@@ -300,10 +296,7 @@ void CachingAllocatorCore::emptyCache() {
 }
 
 AllocatorStats CachingAllocatorCore::stats() const {
-  AllocatorStats s;
-  s.reserved_bytes = reserved_bytes_.load();
-  s.allocated_bytes = other_allocated_bytes_.load();
-  s.pending_bytes = pending_bytes_.load();
+  AllocatorStats s{reserved_bytes_, other_allocated_bytes_, pending_bytes_};
   for (const auto& p : pools_) {
     for (auto& cache : p->caches) {
       CacheLockGuard lock(cache.mu);
@@ -362,8 +355,7 @@ CachingAllocatorCore::Block* CachingAllocatorCore::findCached(
   return b;
 }
 
-// Raises points[s] to the last fence value of `p` on each stream s with
-// fences (pending_streams: exact under p.mu).
+// Raises points[s] to `p`'s last fence on s, for each stream s with fences.
 void CachingAllocatorCore::lastFences(Pool& p, StreamPoints& points) {
   MutexLock lock(p.mu);
   for (StreamIndex s : StreamsIn{p.pending_streams.load()}) {
@@ -377,8 +369,7 @@ bool CachingAllocatorCore::resolveLocked(Pool& p, StreamIndex s) {
   bool freed = false;
   const auto end = fences.upper_bound(completed_[s].load());
   for (auto it = fences.begin(); it != end; ++it) {
-    Block* b = it->second;
-    if (--b->outstanding == 0) {
+    if (Block* b = it->second; --b->outstanding == 0) {
       p.free_blocks.insert(std::move(b->node));
       pending_bytes_.fetch_sub(static_cast<int64_t>(b->size));
       freed = true;
@@ -453,13 +444,10 @@ void CachingAllocatorCore::releaseCompleted(
         return a->cached_at < b->cached_at;
       });
     }
-    for (Block* b : candidates) {
-      if (freed >= target) {
-        break;
-      }
-      set.erase(b);
-      victims.push_back(b);
-      freed += b->size;
+    for (size_t i = 0; i < candidates.size() && freed < target; ++i) {
+      set.erase(candidates[i]);
+      victims.push_back(candidates[i]);
+      freed += candidates[i]->size;
     }
   };
   {
@@ -475,21 +463,19 @@ void CachingAllocatorCore::releaseCompleted(
     CacheLockGuard lock(cache.mu);
     take(cache.blocks, [&](const Block* b) { return b->fence <= done; });
   }
-  releaseBlocks(p, victims);
+  releaseBlocks(victims);
 }
 
-void CachingAllocatorCore::releaseBlocks(
-    Pool& p,
-    const std::vector<Block*>& victims) {
+void CachingAllocatorCore::releaseBlocks(const std::vector<Block*>& victims) {
   for (Block* b : victims) {
     const void* key = backend_.key(b->buffer);
     Shard& shard = shardFor(key);
     MutexLock lock(shard.mu);
     shard.blocks.erase(key);
   }
-  MutexLock lock(p.mu);
   for (Block* b : victims) {
-    backend_.release(p.index, b->buffer);
+    MutexLock lock(pools_[b->pool]->mu);
+    backend_.release(b->pool, b->buffer);
     reserved_bytes_.fetch_sub(static_cast<int64_t>(b->size));
     delete b;
   }

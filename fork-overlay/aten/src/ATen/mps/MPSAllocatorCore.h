@@ -1,7 +1,5 @@
 #pragma once
 
-// Portable core of the MPS caching allocator: no Objective-C, no Metal.
-
 #include <ATen/mps/MPSStreamPool.h>
 
 #include <map>
@@ -42,24 +40,21 @@ class AllocatorBackend {
   virtual void* allocate(int pool, size_t size, bool memory_pressure) = 0;
   virtual void release(int pool, void* buffer) = 0;
   virtual const void* key(void* buffer) const = 0;
-  // Whether the GPU may still reference the buffer; conservative.
-  virtual bool gpuReferenced(void* buffer) const = 0;
+  virtual bool gpuReferenced(void* buffer) const = 0; // true if unsure
   virtual size_t deviceAllocatedSize() const = 0;
   virtual void onAllocationFailed() {}
   virtual std::string outOfMemoryHint() const = 0;
-  // Resets the buffer's payload (shapes, events) when its user frees it.
-  virtual void onFree(void* /*buffer*/) {}
+  virtual void onFree(void* /*buffer*/) {} // resets payload (shapes, events)
 };
 
 // Note [MPS allocator stream-cache lock]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Fast-path malloc and free lock one stream cache, mostly from its stream's
-// threads, for a few set operations (blocks carry their set nodes) that never
-// block, allocate or call out (bar gpuReferenced on rare release paths).
-// std::mutex's two atomic RMWs per section (unlock checks for sleepers) alone
-// made single-threaded malloc/free 1.5x slower than one global lock on large
-// x86 cores; CacheLock needs one (an exchange). Waiters spin on a plain load,
-// then yield, then sleep, so a preempted holder runs whatever the priorities.
+// threads, for a few set operations that never block, allocate or call out (bar
+// GC's gpuReferenced). std::mutex's two atomic RMWs per section (unlock checks
+// for sleepers) made single-threaded malloc/free 1.5x slower than one global
+// lock on large x86 cores; CacheLock has one, an exchange. Waiters spin on a
+// plain load, yield, then sleep, so a preempted holder runs at any priority.
 class MPS_THREAD_ANNOTATION(capability("mutex")) CacheLock {
  public:
   void lock() MPS_ACQUIRE() {
@@ -80,7 +75,6 @@ class MPS_THREAD_ANNOTATION(capability("mutex")) CacheLock {
  private:
   std::atomic<bool> locked_{false};
 };
-
 using CacheLockGuard = ScopedLock<CacheLock>;
 
 struct AllocatorPoolOptions {
@@ -173,8 +167,7 @@ class CachingAllocatorCore {
 
   // `size` is pre-rounded. Raises "MPS backend out of memory" if retries fail.
   void* malloc(int pool, size_t size, StreamIndex stream);
-  // See Note [MPS allocator cross-stream reuse].
-  void free(const void* key);
+  void free(const void* key); // Note [MPS allocator cross-stream reuse]
   // CUDA's recordStream: free() will also wait for `stream`'s work.
   void recordStream(const void* key, StreamIndex stream);
 
@@ -197,8 +190,7 @@ class CachingAllocatorCore {
   struct alignas(64) StreamCache {
     mutable CacheLock mu MPS_ACQUIRED_BEFORE(Shard::mu);
     BlockSet blocks MPS_GUARDED_BY(mu);
-    // The fast path's count, kept under the lock it holds anyway.
-    int64_t allocated_bytes MPS_GUARDED_BY(mu) = 0;
+    int64_t allocated_bytes MPS_GUARDED_BY(mu) = 0; // the fast path's count
   };
 
   struct Pool {
@@ -206,10 +198,8 @@ class CachingAllocatorCore {
     const int index;
     const AllocatorPoolOptions options;
     Mutex mu MPS_ACQUIRED_BEFORE(StreamCache::mu);
-    // Blocks free for every stream.
-    BlockSet free_blocks MPS_GUARDED_BY(mu);
-    // Pending blocks, as (pendingPoint at free -> block) per used stream; a
-    // block leaves when its last fence completes.
+    BlockSet free_blocks MPS_GUARDED_BY(mu); // free for every stream
+    // Pending blocks, as (pendingPoint at free -> block) per used stream.
     std::array<std::multimap<uint64_t, Block*>, kStreamsPerPool> fences
         MPS_GUARDED_BY(mu);
     // Streams with fences here / with a possibly non-empty cache. Read
@@ -246,15 +236,14 @@ class CachingAllocatorCore {
   bool resolvePool(Pool& p);
   Block* allocateFromDevice(Pool& p, size_t size, bool pressure);
   void releaseCompleted(Pool& p, size_t target, bool oldest_first = false);
-  void releaseBlocks(Pool& p, const std::vector<Block*>& victims);
+  void releaseBlocks(const std::vector<Block*>& victims);
 
   AllocatorBackend& backend_;
   StreamTimelines& timelines_;
   std::vector<std::unique_ptr<Pool>> pools_;
   std::array<Shard, kShards> shards_;
 
-  // Per stream, the largest commit point known complete / armed with a
-  // completion handler / asked to commit.
+  // Per stream, the largest point known complete / armed / asked to commit.
   std::array<std::atomic<uint64_t>, kStreamsPerPool> completed_{}, armed_{},
       commit_requested_{};
 
@@ -262,8 +251,7 @@ class CachingAllocatorCore {
   std::atomic<uint64_t> next_block_id_{0};
 
   alignas(64) std::atomic<int64_t> reserved_bytes_{0};
-  std::atomic<int64_t> pending_bytes_{0};
-  std::atomic<int64_t> other_allocated_bytes_{0}; // counted off the fast path
+  std::atomic<int64_t> pending_bytes_{0}, other_allocated_bytes_{0};
 
  public:
   // Block `key`'s buffer as a `Buffer*`, or nullptr if `key` is no block of
