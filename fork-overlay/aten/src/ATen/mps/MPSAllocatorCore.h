@@ -121,16 +121,14 @@ struct AllocatorStats {
 //  - A block used on stream B must be recordStream()'d on B before free():
 //    unrecorded uses are invisible, so it may be handed out on A, or
 //    anywhere once A's work is done, while B still uses it.
-// Device memory is released (GC, emptyCache, OOM retries) only for blocks
-// with completed fences that the backend reports unreferenced by the GPU, so
-// releasing never races with GPU work.
+// Only blocks with completed fences that the backend reports unreferenced by
+// the GPU release device memory (GC, emptyCache, OOM), never racing GPU work.
 class CachingAllocatorCore {
  public:
   using StreamMask = uint32_t;
   static_assert(kStreamsPerPool <= 32, "stream sets are 32-bit masks");
 
   struct Block;
-
   // Best fit, ties by id; Block is complete in bodies compiled with the class.
   struct BySize {
     bool operator()(const Block* a, const Block* b) const {
