@@ -219,7 +219,7 @@ TEST(OnceCacheTest, ForEachVisitsCreatedValuesOnly) {
   });
   creating.get_future().wait();
   std::map<int, int> seen;
-  cache.forEach([&](int k, int v) { seen[k] = v; });
+  cache.forEach([&](const auto& kv) { seen[kv.first] = kv.second; });
   release.set_value();
   getWithin(pending);
   ASSERT_EQ(seen.size(), 40u);

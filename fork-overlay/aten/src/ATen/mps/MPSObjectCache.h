@@ -18,15 +18,14 @@ namespace at::mps {
 
 // Note [MPS create-once cache]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Maps keys to values made by create() on first request (shader-library and
-// pipeline-state caches, ObjectCache). For any number of threads:
+// Maps keys to values made by create() on first request (Metal libraries,
+// pipeline states, ObjectCache's MPSGraphs). For any number of threads:
 //  - create() runs unlocked, for one key on one thread at a time; concurrent
 //    requests for that key wait, other keys proceed.
-//  - A successful create()'s value is the only one ever stored or returned
-//    for its key: no racer builds, discards or leaks a duplicate (Metal
-//    libraries, pipeline states, MPSGraphs).
-//  - If create() throws, nothing is stored, its caller gets the exception,
-//    and a waiting (or the next) request runs create() again.
+//  - Only a successful create()'s value is ever stored or returned for its
+//    key: no racer builds, discards or leaks a duplicate.
+//  - If create() throws, its caller gets the exception, and a waiting (or
+//    the next) request runs create() again.
 //  - create() requesting its own key raises instead of waiting for itself.
 //  - Values never move and are never removed (no eviction): callers keep
 //    raw references past the lookup.
@@ -43,8 +42,7 @@ class OnceCache {
       for (;;) {
         auto it = shard.slots.find(key);
         if (it == shard.slots.end()) {
-          mine = shard.slots.emplace(key, std::make_unique<Slot>())
-                     .first->second.get();
+          mine = (shard.slots[key] = std::make_unique<Slot>()).get();
           break;
         }
         if (it->second->value.has_value()) {
@@ -52,8 +50,7 @@ class OnceCache {
         }
         TORCH_CHECK(
             it->second->creator != std::this_thread::get_id(),
-            "MPS cache: a value requested its own key while being created "
-            "(recursive creation would wait for itself)");
+            "MPS cache: recursive creation of a key would wait for itself");
         shard.created.wait(shard.mu);
       }
     }
@@ -80,14 +77,14 @@ class OnceCache {
                                                         : nullptr;
   }
 
-  // Runs fn(key, value) under the shard lock: fn must not re-enter the cache.
+  // Runs fn({key, value}) under the shard lock: fn must not re-enter the cache.
   template <typename Fn>
   void forEach(Fn&& fn) const {
     for (const Shard& shard : shards_) {
       MutexLock lock(shard.mu);
       for (const auto& [key, slot] : shard.slots) {
         if (slot->value.has_value()) {
-          fn(key, *slot->value);
+          fn(std::pair<const Key&, const Value&>(key, *slot->value));
         }
       }
     }
@@ -160,8 +157,7 @@ class EncodeGuard {
       lock_->mu.unlock();
     }
   }
-  EncodeGuard(const EncodeGuard&) = delete;
-  EncodeGuard& operator=(const EncodeGuard&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(EncodeGuard);
 
  private:
   EncodeLock* lock_ = nullptr;
@@ -182,20 +178,14 @@ class ObjectCache {
       Value value = std::forward<Create>(create)();
       const void* const identity = identity_(value);
       TORCH_CHECK(
-          identity != nullptr,
-          "MPS object cache: creating the object for key '",
-          key,
-          "' returned null");
+          identity, "creating the object for key '", key, "' returned null");
       bool fresh = false;
       locks_.getOrCreate(identity, [&]() {
         fresh = true;
         return std::make_unique<EncodeLock>();
       });
       TORCH_INTERNAL_ASSERT(
-          fresh,
-          "MPS object cache: two entries hold the same object (key '",
-          key,
-          "')");
+          fresh, "two MPS cache entries hold one object (key '", key, "')");
       return value;
     });
   }
