@@ -118,21 +118,20 @@ class OnceCache {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Apple forbids encoding one MPSKernel from two threads at once (MPSGraph is
 // undocumented), and streams on different threads can reach one cached
-// object together. So MPSGraphCache and MPSKernelCache keep one object per
-// key, created once (Note [MPS create-once cache]). Each cached graph has an
-// encode lock that every encode of it holds: one graph's encodes serialise,
-// different graphs' run in parallel (per-thread caches would build, compile
-// and keep every graph per thread). The cached kernels (no-graph nn.Linear's)
-// need none: they are encoded only under their family lock
-// (Note [MPS Apple framework workarounds]). Encode locks are indexed by
-// object address, as runMPSGraph gets only an MPSGraph*; an object not from
-// the cache gets a no-op guard. EncodeGuard is re-entrant per thread, so two
-// layers of the encoding path may both guard one encode.
+// object together. MPSGraphCache and MPSKernelCache keep one object per key
+// (Note [MPS create-once cache]; per-thread caches would build, compile and
+// keep every graph per thread). Every encode of a cached graph holds its
+// encode lock: one graph's encodes serialise, different graphs' run in
+// parallel. Cached kernels (no-graph nn.Linear's) need none: they are encoded
+// only under their family lock (Note [MPS Apple framework workarounds]).
+// Encode locks are keyed by object address, as runMPSGraph gets only an
+// MPSGraph*; an object not from the cache gets a no-op guard. EncodeGuard is
+// re-entrant per thread: two layers of the encoding path may guard one encode.
 //
 // Lock order: a graph's encode lock before its stream's serial section
-// (runMPSGraph). Under an encode lock only the stream's own locks (serial
-// section, command-buffer lifecycle, encoder gate) are taken, never another
-// encode lock or a family lock.
+// (runMPSGraph). Under one, only the stream's own locks (serial section,
+// command-buffer lifecycle, encoder gate) are taken, never another encode
+// lock or a family lock.
 struct EncodeLock {
   Mutex mu;
   // Written only by the holder: a relaxed load sees our id iff we hold it.
@@ -157,7 +156,8 @@ class EncodeGuard {
       lock_->mu.unlock();
     }
   }
-  C10_DISABLE_COPY_AND_ASSIGN(EncodeGuard);
+  EncodeGuard(const EncodeGuard&) = delete;
+  EncodeGuard& operator=(const EncodeGuard&) = delete;
 
  private:
   EncodeLock* lock_ = nullptr;

@@ -70,13 +70,12 @@ void dispatchSyncWithRethrow(const void* queue, Dispatch&& dispatch, Fn&& fn) {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // A stream calls noteEncoding(its pool slot) when it encodes; activeStreams()
 // counts slots noted within the last kWindowMs (1 s, spanning a busy thread's
-// host-side pauses). Encodes are counted, not leases: an idle thread keeps
-// its lease (thread pools), and leases sit behind the pool mutex while this
-// is lock-free (a relaxed load and, at most once per ms, a relaxed store to
-// the stream's own cache line). The count is a recent-past estimate, not a
-// lock: a stream starting just after a read is missed, so decisions that
-// must not overlap other encoding also need a lock (the family locks of
-// Note [MPS Apple framework workarounds]).
+// host-side pauses). Encodes are counted, not leases: an idle thread keeps its
+// lease (thread pools), and leases sit behind the pool mutex while this is
+// lock-free (a relaxed load and, at most once per ms, a relaxed store to the
+// slot's own cache line). The count is a recent-past estimate that misses a
+// stream starting just after the read, so what must not overlap other encoding
+// takes a lock too (Note [MPS Apple framework workarounds]).
 class TORCH_API StreamActivity {
  public:
   using Clock = std::chrono::steady_clock;
