@@ -165,16 +165,17 @@ class EncodeGuard {
 
 // Values by key, created once, with encode locks by their objects' identity.
 template <typename Value>
-class ObjectCache {
+class ObjectCache : private OnceCache<std::string, Value> {
  public:
   using IdentityFn = const void* (*)(const Value&);
+  using OnceCache<std::string, Value>::find;
 
   explicit ObjectCache(IdentityFn identity) : identity_(identity) {}
 
   // create()'s value must hold an object: a non-null identity.
   template <typename Create>
   const Value& getOrCreate(const std::string& key, Create&& create) {
-    return values_.getOrCreate(key, [&]() {
+    return OnceCache<std::string, Value>::getOrCreate(key, [&]() {
       Value value = std::forward<Create>(create)();
       const void* const identity = identity_(value);
       TORCH_CHECK(
@@ -190,10 +191,6 @@ class ObjectCache {
     });
   }
 
-  const Value* find(const std::string& key) const {
-    return values_.find(key);
-  }
-
   EncodeGuard encodeGuard(const void* identity) const {
     const std::unique_ptr<EncodeLock>* lock = locks_.find(identity);
     return EncodeGuard(lock != nullptr ? lock->get() : nullptr);
@@ -201,7 +198,6 @@ class ObjectCache {
 
  private:
   const IdentityFn identity_;
-  OnceCache<std::string, Value> values_;
   OnceCache<const void*, std::unique_ptr<EncodeLock>> locks_;
 };
 

@@ -30,8 +30,7 @@ bool SerialSection::isActive(const void* queue) noexcept {
 }
 
 StreamActivity& streamActivity() {
-  // Only atomics: constant-initialised and trivially destructible, so usable
-  // during static initialisation and destruction.
+  // Atomics only: usable throughout static initialisation and destruction.
   static StreamActivity activity;
   return activity;
 }
