@@ -657,7 +657,9 @@ inline drop_binding() {
 /* ---- the child of fork(), evaluated within the fork() step ------------ */
 /* Copies of the forking thread's binding (lease), of mu_ and of
    registry().mu: a lock another parent thread held at fork() stays held for
-   good in the child (no prepare/parent atfork handler takes them). */
+   good in the child. The pool's prepare handler takes registry().mu, so the
+   child finds that one free; the model lets its copy be held too (more runs
+   than the code has, none fewer). No handler takes mu_. */
 inline fork_child(lease) {
   /* its one call: currentIndex()'s fast path misses (onForkChild cleared
      tls_slot_cache) and currentIndexSlow()'s checkNotForked() throws; every
