@@ -118,16 +118,18 @@ CachingAllocatorCore::CachingAllocatorCore(
 }
 
 CachingAllocatorCore::~CachingAllocatorCore() {
-  std::vector<Block*> idle;
+  std::vector<std::vector<Block*>> idle(pools_.size());
   for (auto& shard : shards_) {
     MutexLock lock(shard.mu);
     for (auto& [key, b] : shard.blocks) {
       if (!b->active.load(std::memory_order_relaxed)) {
-        idle.push_back(b);
+        idle[b->pool].push_back(b);
       }
     }
   }
-  releaseBlocks(idle);
+  for (auto& p : pools_) {
+    releaseBlocks(*p, idle[p->index]);
+  }
 }
 
 void* CachingAllocatorCore::malloc(int pool, size_t size, StreamIndex stream) {
@@ -463,19 +465,21 @@ void CachingAllocatorCore::releaseCompleted(
     CacheLockGuard lock(cache.mu);
     take(cache.blocks, [&](const Block* b) { return b->fence <= done; });
   }
-  releaseBlocks(victims);
+  releaseBlocks(p, victims);
 }
 
-void CachingAllocatorCore::releaseBlocks(const std::vector<Block*>& victims) {
+void CachingAllocatorCore::releaseBlocks(
+    Pool& p,
+    const std::vector<Block*>& victims) {
   for (Block* b : victims) {
     const void* key = backend_.key(b->buffer);
     Shard& shard = shardFor(key);
     MutexLock lock(shard.mu);
     shard.blocks.erase(key);
   }
+  MutexLock lock(p.mu);
   for (Block* b : victims) {
-    MutexLock lock(pools_[b->pool]->mu);
-    backend_.release(b->pool, b->buffer);
+    backend_.release(p.index, b->buffer);
     reserved_bytes_.fetch_sub(static_cast<int64_t>(b->size));
     delete b;
   }

@@ -234,7 +234,7 @@ class CachingAllocatorCore {
   bool resolvePool(Pool& p);
   Block* allocateFromDevice(Pool& p, size_t size, bool pressure);
   void releaseCompleted(Pool& p, size_t target, bool oldest_first = false);
-  void releaseBlocks(const std::vector<Block*>& victims);
+  void releaseBlocks(Pool& p, const std::vector<Block*>& victims);
 
   AllocatorBackend& backend_;
   StreamTimelines& timelines_;
